@@ -1,0 +1,163 @@
+//! clap definitions. Only what the user typed is checked here; objects are
+//! built from these values afterwards.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::plan::{Amount, GpuSelect, NProc};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "threadwise",
+    version,
+    about = "Thread, core and NUMA placement for multi-process (DDP) training",
+    long_about = None
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Show what the machine is: packages, NUMA nodes, L3 groups, cores, GPUs, NICs, limits
+    Topo(TopoArgs),
+    /// Plan each local rank's cores, memory node, GPU, threads, workers and environment
+    Plan(PlanCmd),
+}
+
+/// Where the topology comes from (default: this machine).
+#[derive(Args, Debug, Clone, Default)]
+pub struct SourceArgs {
+    /// Read /sys and /proc below DIR (a dump from hwloc-gather-topology)
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["topology", "synthetic"])]
+    pub root: Option<PathBuf>,
+    /// Read an hwloc v2 XML export (lstopo --of xml)
+    #[arg(long, value_name = "FILE.xml", conflicts_with = "synthetic")]
+    pub topology: Option<PathBuf>,
+    /// Describe a machine: "package:2 numa:2 l3:2 core:8 pu:2 gpu:4" (see README)
+    #[arg(long, value_name = "DESC")]
+    pub synthetic: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct TopoArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Print the threadwise.topology/1 JSON document
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyArg {
+    Exclusive,
+    Node,
+    Socket,
+    L3,
+    Single,
+    None,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemArg {
+    Local,
+    Preferred,
+    Bind,
+    Interleave,
+    None,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocatorArg {
+    None,
+    Jemalloc,
+    Tcmalloc,
+    Auto,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProfileArg {
+    Auto,
+    Seed,
+}
+
+/// The options every command that plans shares (plan, run, bind, tune).
+#[derive(Args, Debug, Clone)]
+pub struct PlanArgs {
+    /// Local ranks: a number, gpu (one per GPU) or auto
+    #[arg(short = 'n', long = "nproc-per-node", value_name = "N|gpu|auto", default_value = "auto",
+          value_parser = parse_nproc)]
+    pub nproc: NProc,
+    /// GPUs to use, as indices in PCI bus order: 0,1,3 | auto | none
+    #[arg(long, value_name = "LIST|auto|none", default_value = "auto", value_parser = parse_gpus)]
+    pub gpus: GpuSelect,
+    /// How ranks share the CPUs
+    #[arg(long, value_enum, default_value_t = PolicyArg::Exclusive)]
+    pub policy: PolicyArg,
+    /// Count SMT siblings as compute CPUs
+    #[arg(long)]
+    pub smt: bool,
+    /// Compute threads per rank
+    #[arg(long, value_name = "N|auto", default_value = "auto", value_parser = parse_amount)]
+    pub threads: Amount,
+    /// DataLoader workers per rank (THREADWISE_NUM_WORKERS)
+    #[arg(long, value_name = "N|auto", default_value = "auto", value_parser = parse_amount)]
+    pub workers: Amount,
+    /// NUMA memory policy per rank
+    #[arg(long, value_enum, default_value_t = MemArg::Local)]
+    pub mem: MemArg,
+    /// Preload an allocator (auto: tcmalloc, else jemalloc, when installed)
+    #[arg(long, value_enum, default_value_t = AllocatorArg::None)]
+    pub allocator: AllocatorArg,
+    /// auto: threadwise's rules; seed: the guides' formulas, with what they get wrong
+    #[arg(long, value_enum, default_value_t = ProfileArg::Auto)]
+    pub profile: ProfileArg,
+    /// Mixed precision (the seed profile caps threads at 2)
+    #[arg(long)]
+    pub amp: bool,
+    /// Nodes in the job (the seed profile divides by the global world size)
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub nnodes: u32,
+    /// Allow more ranks than cores (or GPUs): share them round-robin
+    #[arg(long)]
+    pub oversubscribe: bool,
+    /// Also set OMP_PROC_BIND=close OMP_PLACES=cores (pins the main thread: see README)
+    #[arg(long)]
+    pub omp_bind: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct PlanCmd {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    #[command(flatten)]
+    pub plan: PlanArgs,
+    /// Output form
+    #[arg(long, default_value = "table",
+          value_parser = clap::builder::PossibleValuesParser::new(crate::export::FORMATS))]
+    pub format: String,
+    /// Same as --format json
+    #[arg(long, conflicts_with = "format")]
+    pub json: bool,
+    /// Show every decision's reason
+    #[arg(long)]
+    pub explain: bool,
+    /// The rank whose variables --format env prints
+    #[arg(long, value_name = "K")]
+    pub local_rank: Option<usize>,
+    /// The training command, for formats that print command lines
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+fn parse_nproc(s: &str) -> Result<NProc, String> {
+    s.parse()
+}
+fn parse_gpus(s: &str) -> Result<GpuSelect, String> {
+    s.parse()
+}
+fn parse_amount(s: &str) -> Result<Amount, String> {
+    s.parse()
+}

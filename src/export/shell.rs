@@ -1,0 +1,134 @@
+//! Shell forms: `env` (exports for one rank, to `eval`), and one `numactl` or
+//! `taskset` command line per rank. Every value is quoted for a POSIX shell.
+
+use super::{Context, ExportError, Exporter};
+use crate::plan::{MemPolicy, Plan, RankPlan};
+
+/// Quote a word for a POSIX shell, only when it needs it.
+pub fn quote(s: &str) -> String {
+    let safe = !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b));
+    if safe {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+pub fn quote_all(words: &[String]) -> String {
+    words.iter().map(|w| quote(w)).collect::<Vec<_>>().join(" ")
+}
+
+fn command(ctx: &Context) -> String {
+    if ctx.command.is_empty() {
+        "\"$@\"".to_string()
+    } else {
+        quote_all(&ctx.command)
+    }
+}
+
+fn env_words(rank: &RankPlan) -> String {
+    rank.env
+        .iter()
+        .map(|(k, v)| format!("{k}={}", quote(v)))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub struct Env;
+
+impl Exporter for Env {
+    fn render(&self, plan: &Plan, ctx: &Context) -> Result<String, ExportError> {
+        let max = plan.ranks.len().saturating_sub(1);
+        let k = ctx.local_rank.ok_or(ExportError::NeedRank { max })?;
+        let rank = plan
+            .ranks
+            .get(k)
+            .ok_or(ExportError::NoSuchRank { rank: k, max })?;
+        let mut out = String::new();
+        for (key, value) in &rank.env {
+            out.push_str(&format!("export {key}={}\n", quote(value)));
+        }
+        Ok(out)
+    }
+}
+
+fn numactl_args(rank: &RankPlan) -> Vec<String> {
+    let nodes = rank
+        .mem_nodes
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut args = vec![];
+    if rank.bind {
+        args.push(format!("--physcpubind={}", rank.cpus));
+    }
+    match rank.mem_policy {
+        MemPolicy::Local => args.push("--localalloc".to_string()),
+        MemPolicy::Preferred => {
+            if let Some(n) = rank.mem_nodes.first() {
+                args.push(format!("--preferred={n}"));
+            }
+        }
+        MemPolicy::Bind if !nodes.is_empty() => args.push(format!("--membind={nodes}")),
+        MemPolicy::Interleave if !nodes.is_empty() => args.push(format!("--interleave={nodes}")),
+        _ => {}
+    }
+    args
+}
+
+pub struct Numactl;
+
+impl Exporter for Numactl {
+    fn render(&self, plan: &Plan, ctx: &Context) -> Result<String, ExportError> {
+        let mut out = String::new();
+        for r in &plan.ranks {
+            out.push_str(&format!(
+                "env LOCAL_RANK={} {} numactl {} -- {}\n",
+                r.local_rank,
+                env_words(r),
+                numactl_args(r).join(" "),
+                command(ctx)
+            ));
+        }
+        Ok(out)
+    }
+}
+
+pub struct Taskset;
+
+impl Exporter for Taskset {
+    fn render(&self, plan: &Plan, ctx: &Context) -> Result<String, ExportError> {
+        let mut out = String::new();
+        for r in &plan.ranks {
+            let bind = if r.bind {
+                format!("taskset -c {} ", r.cpus)
+            } else {
+                String::new()
+            };
+            out.push_str(&format!(
+                "env LOCAL_RANK={} {} {bind}{}\n",
+                r.local_rank,
+                env_words(r),
+                command(ctx)
+            ));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(quote("abc-1,2"), "abc-1,2");
+        assert_eq!(quote(""), "''");
+        assert_eq!(quote("a b"), "'a b'");
+        assert_eq!(quote("it's $HOME"), "'it'\\''s $HOME'");
+        assert_eq!(quote("`rm -rf`"), "'`rm -rf`'");
+    }
+}

@@ -1,0 +1,10 @@
+//! threadwise: topology-aware placement of multi-process training ranks.
+//! Data flow: probe -> Topology -> pure plan() -> Plan -> export/run/bind/tune.
+
+pub mod cli;
+pub mod cpuset;
+pub mod export;
+pub mod host;
+pub mod os;
+pub mod plan;
+pub mod topology;

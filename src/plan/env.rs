@@ -1,0 +1,107 @@
+//! The environment each rank gets: thread-count variables for every runtime
+//! that reads one at start-up, the THREADWISE_* variables, the CUDA device
+//! order, and the allocator preload. Never KMP_AFFINITY, and OMP_PROC_BIND
+//! only when asked.
+
+use std::collections::BTreeMap;
+
+use super::{Allocator, AllocatorChoice, AllocatorKind, Facts, PlanError, PlanRequest, RankPlan};
+use crate::topology::PciDevice;
+
+/// Runtimes' thread-count variables, each set to the rank's thread count.
+pub const THREAD_VARS: &[&str] = &[
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "GOTO_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "FLEXIBLAS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "NUMEXPR_MAX_THREADS",
+    "NUMBA_NUM_THREADS",
+    "RAYON_NUM_THREADS",
+    "TF_NUM_INTRAOP_THREADS",
+];
+
+pub use crate::host::find_allocators;
+
+/// Pick the allocator the request names among those that exist.
+pub fn choose_allocator(
+    req: &PlanRequest,
+    facts: &Facts,
+    reasons: &mut Vec<String>,
+) -> Result<Option<Allocator>, PlanError> {
+    let find = |k: AllocatorKind| facts.allocators.iter().find(|a| a.kind == k).cloned();
+    let missing = |kind: AllocatorKind, file: &str| PlanError::AllocatorMissing {
+        kind: kind.to_string(),
+        file: file.to_string(),
+    };
+    let chosen = match req.allocator {
+        AllocatorChoice::None => None,
+        AllocatorChoice::Jemalloc => Some(
+            find(AllocatorKind::Jemalloc)
+                .ok_or_else(|| missing(AllocatorKind::Jemalloc, "libjemalloc.so.2"))?,
+        ),
+        AllocatorChoice::Tcmalloc => Some(
+            find(AllocatorKind::Tcmalloc)
+                .ok_or_else(|| missing(AllocatorKind::Tcmalloc, "libtcmalloc*.so.4"))?,
+        ),
+        AllocatorChoice::Auto => {
+            let a = find(AllocatorKind::Tcmalloc).or_else(|| find(AllocatorKind::Jemalloc));
+            if a.is_none() {
+                reasons.push("allocator auto: neither tcmalloc nor jemalloc is installed; glibc malloc stays".into());
+            }
+            a
+        }
+    };
+    if let Some(a) = &chosen {
+        reasons.push(format!("allocator {}: LD_PRELOAD={}", a.kind, a.path));
+    }
+    Ok(chosen)
+}
+
+/// The variables the plan sets for one rank (the launcher adds the torchrun ones).
+pub fn rank_env(
+    req: &PlanRequest,
+    rank: &RankPlan,
+    selected: &[&PciDevice],
+    allocator: Option<&Allocator>,
+) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    let mut set = |k: &str, v: String| {
+        env.insert(k.to_string(), v);
+    };
+    for var in THREAD_VARS {
+        set(var, rank.threads.to_string());
+    }
+    set("TF_NUM_INTEROP_THREADS", "1".into());
+    set("CUDA_DEVICE_ORDER", "PCI_BUS_ID".into());
+    if let super::GpuSelect::List(_) = req.gpus {
+        let ids: Vec<String> = selected.iter().map(|g| g.index.to_string()).collect();
+        set("CUDA_VISIBLE_DEVICES", ids.join(","));
+    }
+    if req.omp_bind {
+        set("OMP_PROC_BIND", "close".into());
+        set("OMP_PLACES", "cores".into());
+    }
+    set("THREADWISE_CPUS", rank.cpus.to_string());
+    set("THREADWISE_NUM_THREADS", rank.threads.to_string());
+    set("THREADWISE_NUM_WORKERS", rank.workers.to_string());
+    set("THREADWISE_WORKER_CPUS", rank.worker_cpus.to_string());
+    let nodes: Vec<String> = rank.mem_nodes.iter().map(usize::to_string).collect();
+    set("THREADWISE_NUMA_NODES", nodes.join(","));
+    if let Some(gpu) = &rank.gpu {
+        set("THREADWISE_GPU", gpu.clone());
+    }
+    if let Some(a) = allocator {
+        set("LD_PRELOAD", a.path.clone());
+        if a.kind == AllocatorKind::Jemalloc {
+            set(
+                "MALLOC_CONF",
+                "background_thread:true,metadata_thp:auto".into(),
+            );
+        }
+    }
+    env
+}

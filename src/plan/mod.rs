@@ -1,0 +1,238 @@
+//! The planner: a pure function from (Topology, PlanRequest, Facts) to a Plan
+//! saying, for each local rank, which CPUs, memory nodes, GPU, thread and
+//! DataLoader worker counts and environment it gets, and why. No I/O, no clock:
+//! everything it needs from the host (which allocator libraries exist) comes in
+//! through `Facts`, so it can be tested on any machine and any topology.
+
+mod env;
+mod place;
+mod request;
+mod sizing;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub use env::{THREAD_VARS, find_allocators};
+pub use request::{
+    Allocator, AllocatorChoice, AllocatorKind, Amount, GpuSelect, MemPolicy, NProc, PlanRequest,
+    Policy, Profile,
+};
+
+use crate::cpuset::CpuSet;
+use crate::topology::{PciDevice, Topology};
+
+pub const PLAN_SCHEMA: &str = "threadwise.plan/1";
+
+/// What the planner needs to know about the host besides the topology.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Facts {
+    /// Allocator libraries found on this machine, in preference order per kind.
+    pub allocators: Vec<Allocator>,
+}
+
+/// Requests the planner cannot satisfy, each naming what is short.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    #[error("no CPU is allowed for this process (allowed set is empty)")]
+    EmptyAllowed,
+    #[error("--nproc-per-node must be at least 1")]
+    ZeroRanks,
+    #[error("{ranks} ranks need {ranks} {unit}s but only {have} are allowed ({cpus})")]
+    TooFewCpus {
+        ranks: usize,
+        have: usize,
+        unit: &'static str,
+        cpus: String,
+    },
+    #[error("GPU {index} does not exist: {count} GPUs are visible{list}")]
+    NoSuchGpu {
+        index: usize,
+        count: usize,
+        list: String,
+    },
+    #[error("--nproc-per-node gpu: no GPU is visible")]
+    NoGpus,
+    #[error("{ranks} ranks but only {gpus} GPUs are selected")]
+    TooFewGpus { ranks: usize, gpus: usize },
+    #[error("--allocator {kind}: no {file} found in the library directories")]
+    AllocatorMissing { kind: String, file: String },
+}
+
+impl PlanError {
+    /// What the user can do about it.
+    pub fn hint(&self) -> &'static str {
+        match self {
+            PlanError::EmptyAllowed => {
+                "check the cgroup cpuset and the affinity mask (threadwise topo)"
+            }
+            PlanError::ZeroRanks => "give -n N with N >= 1, or -n auto",
+            PlanError::TooFewCpus { .. } => {
+                "run fewer ranks, use --smt to count SMT siblings, or --oversubscribe to share cores"
+            }
+            PlanError::NoSuchGpu { .. } => {
+                "list GPUs by their index in PCI bus order (threadwise topo)"
+            }
+            PlanError::NoGpus => "use -n N with --gpus none for CPU-only ranks",
+            PlanError::TooFewGpus { .. } => {
+                "run one rank per GPU, use --gpus none for CPU-only ranks, or --oversubscribe to share GPUs"
+            }
+            PlanError::AllocatorMissing { .. } => {
+                "install it (apt-get install libjemalloc2 / libgoogle-perftools4) or use --allocator auto"
+            }
+        }
+    }
+}
+
+/// One local rank's slice of the node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankPlan {
+    pub local_rank: usize,
+    /// CPUs this rank is bound to (all allowed CPUs when the policy is none).
+    pub cpus: CpuSet,
+    /// Whether `cpus` should be applied as an affinity mask.
+    pub bind: bool,
+    /// Physical cores in `cpus`.
+    pub cores: usize,
+    /// CPUs DataLoader workers may use (THREADWISE_WORKER_CPUS).
+    pub worker_cpus: CpuSet,
+    pub mem_policy: MemPolicy,
+    pub mem_nodes: Vec<usize>,
+    /// PCI bus id of the rank's GPU.
+    pub gpu: Option<String>,
+    /// The GPU's CUDA ordinal as the rank sees it (cuda:N).
+    pub gpu_ordinal: Option<usize>,
+    pub threads: usize,
+    pub workers: usize,
+    pub env: BTreeMap<String, String>,
+    pub reasons: Vec<String>,
+}
+
+/// The whole node's plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub schema: String,
+    pub request: PlanRequest,
+    pub source: String,
+    pub allowed_cpus: CpuSet,
+    pub cpu_budget: f64,
+    pub nproc: usize,
+    pub allocator: Option<Allocator>,
+    pub ranks: Vec<RankPlan>,
+    /// Decisions that concern every rank.
+    pub reasons: Vec<String>,
+}
+
+/// The GPUs the request selects, in the order ranks take them.
+fn select_gpus<'t>(topo: &'t Topology, req: &PlanRequest) -> Result<Vec<&'t PciDevice>, PlanError> {
+    match &req.gpus {
+        GpuSelect::None => Ok(vec![]),
+        GpuSelect::Auto => Ok(topo.gpus.iter().collect()),
+        GpuSelect::List(list) => list
+            .iter()
+            .map(|&i| {
+                topo.gpus.get(i).ok_or_else(|| PlanError::NoSuchGpu {
+                    index: i,
+                    count: topo.gpus.len(),
+                    list: if topo.gpus.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (0-{})", topo.gpus.len() - 1)
+                    },
+                })
+            })
+            .collect(),
+    }
+}
+
+fn rank_count(
+    topo: &Topology,
+    req: &PlanRequest,
+    gpus: usize,
+) -> Result<(usize, String), PlanError> {
+    let n = match req.nproc {
+        NProc::Count(0) => return Err(PlanError::ZeroRanks),
+        NProc::Count(n) => (n, format!("{n} ranks requested")),
+        NProc::Gpu if gpus == 0 => return Err(PlanError::NoGpus),
+        NProc::Gpu => (gpus, format!("{gpus} ranks: one per GPU")),
+        NProc::Auto if gpus > 0 => (gpus, format!("{gpus} ranks: one per visible GPU")),
+        NProc::Auto => {
+            let k = topo.cpu_nodes().count().max(1);
+            (
+                k,
+                format!("{k} ranks: one per NUMA node with allowed CPUs (no GPU)"),
+            )
+        }
+    };
+    if gpus > 0 && n.0 > gpus && !req.oversubscribe {
+        return Err(PlanError::TooFewGpus { ranks: n.0, gpus });
+    }
+    Ok(n)
+}
+
+/// Plan the local ranks of one node.
+pub fn plan(topo: &Topology, req: &PlanRequest, facts: &Facts) -> Result<Plan, PlanError> {
+    if topo.allowed_cpus.is_empty() {
+        return Err(PlanError::EmptyAllowed);
+    }
+    let selected = select_gpus(topo, req)?;
+    let (n, why_n) = rank_count(topo, req, selected.len())?;
+    let mut reasons = vec![why_n];
+    // Rank i drives the i-th selected GPU (cuda:LOCAL_RANK), shared round-robin
+    // only when --oversubscribe asked for more ranks than GPUs.
+    let rank_gpus: Vec<Option<&PciDevice>> = (0..n)
+        .map(|i| (!selected.is_empty()).then(|| selected[i % selected.len()]))
+        .collect();
+    let slices = place::place(topo, req, &rank_gpus, &mut reasons)?;
+    let allocator = env::choose_allocator(req, facts, &mut reasons)?;
+    let mut ranks = Vec::with_capacity(n);
+    for (i, slice) in slices.into_iter().enumerate() {
+        let gpu = rank_gpus[i];
+        let mut rank_reasons = slice.reasons.clone();
+        let size = sizing::size(topo, req, &slice, gpu.is_some(), n, &mut rank_reasons);
+        let mem_nodes: Vec<usize> = if req.mem == MemPolicy::None {
+            vec![]
+        } else {
+            place::nodes_of(topo, &slice.cpus)
+        };
+        let gpu_ordinal = gpu.and_then(|g| selected.iter().position(|s| s.bus_id == g.bus_id));
+        let mut rank = RankPlan {
+            local_rank: i,
+            cpus: slice.cpus,
+            bind: slice.bind,
+            cores: slice.cores,
+            worker_cpus: size.worker_cpus,
+            mem_policy: req.mem,
+            mem_nodes,
+            gpu: gpu.map(|g| g.bus_id.clone()),
+            gpu_ordinal,
+            threads: size.threads,
+            workers: size.workers,
+            env: BTreeMap::new(),
+            reasons: rank_reasons,
+        };
+        rank.env = env::rank_env(req, &rank, &selected, allocator.as_ref());
+        ranks.push(rank);
+    }
+    if req.omp_bind {
+        reasons.push(
+            "OMP_PROC_BIND/OMP_PLACES set as asked: the main thread is then pinned to one \
+             core and DataLoader workers forked from it inherit that one-core mask"
+                .to_string(),
+        );
+    }
+    Ok(Plan {
+        schema: PLAN_SCHEMA.to_string(),
+        request: req.clone(),
+        source: topo.source.clone(),
+        allowed_cpus: topo.allowed_cpus.clone(),
+        cpu_budget: topo.cpu_budget,
+        nproc: n,
+        allocator,
+        ranks,
+        reasons,
+    })
+}
+
+#[cfg(test)]
+mod tests;

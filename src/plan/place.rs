@@ -1,0 +1,358 @@
+//! Where each rank runs: which allowed CPUs, by policy. Works on "units" (a
+//! physical core with its allowed SMT siblings, or a whole L3 group) ordered by
+//! NUMA node, then L3 group, then CPU number, so that contiguous runs of units
+//! stay inside caches and nodes.
+
+use std::collections::BTreeMap;
+
+use super::{PlanError, PlanRequest, Policy};
+use crate::cpuset::CpuSet;
+use crate::topology::{PciDevice, Topology};
+
+/// A rank's CPUs before sizing.
+#[derive(Debug, Clone)]
+pub struct Slice {
+    pub cpus: CpuSet,
+    pub bind: bool,
+    /// Physical cores in `cpus`, in placement order.
+    pub core_sets: Vec<CpuSet>,
+    pub cores: usize,
+    /// How many ranks share these CPUs.
+    pub sharers: usize,
+    pub reasons: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+struct Unit {
+    cpus: CpuSet,
+    cores: Vec<CpuSet>,
+    node: Option<usize>,
+}
+
+/// NUMA nodes whose CPUs meet `cpus`.
+pub fn nodes_of(topo: &Topology, cpus: &CpuSet) -> Vec<usize> {
+    topo.numa_nodes
+        .iter()
+        .filter(|n| n.cpus.intersects(cpus))
+        .map(|n| n.id)
+        .collect()
+}
+
+/// Allowed physical cores, each with its allowed siblings, in placement order.
+fn core_units(topo: &Topology) -> Vec<Unit> {
+    let allowed = &topo.allowed_cpus;
+    let mut sets: Vec<CpuSet> = topo
+        .cores
+        .iter()
+        .map(|c| c.cpus.intersection(allowed))
+        .filter(|s| !s.is_empty())
+        .collect();
+    // Allowed CPUs no core lists (sources without core information).
+    let covered = sets.iter().fold(CpuSet::new(), |a, s| a.union(s));
+    sets.extend(
+        allowed
+            .difference(&covered)
+            .iter()
+            .map(|c| std::iter::once(c).collect()),
+    );
+    let l3_of = |s: &CpuSet| topo.l3_groups.iter().position(|g| g.cpus.intersects(s));
+    let mut units: Vec<(Option<usize>, Option<usize>, Unit)> = sets
+        .into_iter()
+        .map(|cpus| {
+            let node = topo.node_of_set(&cpus);
+            let l3 = l3_of(&cpus);
+            (
+                node,
+                l3,
+                Unit {
+                    cores: vec![cpus.clone()],
+                    cpus,
+                    node,
+                },
+            )
+        })
+        .collect();
+    units.sort_by_key(|(node, l3, u)| (node.unwrap_or(usize::MAX), *l3, u.cpus.first()));
+    units.into_iter().map(|(_, _, u)| u).collect()
+}
+
+/// Allowed L3 groups as units (empty when the topology has none).
+fn l3_units(topo: &Topology, cores: &[Unit]) -> Vec<Unit> {
+    let mut units: Vec<Unit> = topo
+        .l3_groups
+        .iter()
+        .filter_map(|g| {
+            let members: Vec<CpuSet> = cores
+                .iter()
+                .filter(|u| u.cpus.is_subset(&g.cpus))
+                .map(|u| u.cpus.clone())
+                .collect();
+            let cpus = members.iter().fold(CpuSet::new(), |a, s| a.union(s));
+            (!cpus.is_empty()).then(|| Unit {
+                node: topo.node_of_set(&cpus),
+                cpus,
+                cores: members,
+            })
+        })
+        .collect();
+    units.sort_by_key(|u| (u.node.unwrap_or(usize::MAX), u.cpus.first()));
+    units
+}
+
+fn distance(topo: &Topology, a: Option<usize>, b: Option<usize>) -> u64 {
+    match (a, b, &topo.numa_distances) {
+        (Some(a), Some(b), _) if a == b => 0,
+        (Some(a), Some(b), Some(d)) => d.get(a, b).unwrap_or(u64::MAX / 2),
+        _ => u64::MAX / 2,
+    }
+}
+
+/// Give each rank its own units: GPU ranks on their GPU's node, an equal number
+/// each (the smallest node share, so no rank waits on a poorer sibling); CPU
+/// ranks contiguous runs of the ordered units, sizes within one of each other.
+fn assign_exclusive(
+    topo: &Topology,
+    units: &[Unit],
+    gpus: &[Option<&PciDevice>],
+    unit_name: &'static str,
+    reasons: &mut [Vec<String>],
+) -> Option<Vec<Vec<usize>>> {
+    let n = gpus.len();
+    if units.len() < n {
+        return None;
+    }
+    if gpus.iter().all(Option::is_none) {
+        let (base, extra) = (units.len() / n, units.len() % n);
+        let mut at = 0;
+        return Some(
+            (0..n)
+                .map(|i| {
+                    let k = base + usize::from(i < extra);
+                    at += k;
+                    (at - k..at).collect()
+                })
+                .collect(),
+        );
+    }
+    let gpu_node = |i: usize| gpus[i].and_then(|g| g.numa_node);
+    let mut by_node: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for i in 0..n {
+        if let Some(node) = gpu_node(i) {
+            by_node.entry(node).or_default().push(i);
+        }
+    }
+    let on_node = |node: usize| -> Vec<usize> {
+        (0..units.len())
+            .filter(|&u| units[u].node == Some(node))
+            .collect()
+    };
+    let share = by_node
+        .iter()
+        .map(|(node, ranks)| on_node(*node).len() / ranks.len())
+        .filter(|s| *s > 0)
+        .min()
+        .unwrap_or(units.len() / n)
+        .max(1);
+    let mut out: Vec<Vec<usize>> = vec![vec![]; n];
+    let mut used = vec![false; units.len()];
+    for (node, ranks) in &by_node {
+        let local = on_node(*node);
+        if local.len() / ranks.len() == 0 {
+            continue;
+        }
+        for (k, &r) in ranks.iter().enumerate() {
+            out[r] = local[k * share..(k + 1) * share].to_vec();
+            for &u in &out[r] {
+                used[u] = true;
+            }
+            reasons[r].push(format!(
+                "its GPU is on NUMA node {node}: {share} {unit_name}s of the {} allowed there, \
+                 shared out among the node's {} GPU rank(s)",
+                local.len(),
+                ranks.len()
+            ));
+        }
+    }
+    // Ranks whose GPU node is unknown or has too few CPUs: nearest free units.
+    let homeless: Vec<usize> = (0..n).filter(|r| out[*r].is_empty()).collect();
+    for r in homeless {
+        let want = gpu_node(r);
+        let mut free: Vec<usize> = (0..units.len()).filter(|u| !used[*u]).collect();
+        free.sort_by_key(|&u| (distance(topo, want, units[u].node), u));
+        if free.len() < share {
+            return None;
+        }
+        out[r] = free[..share].to_vec();
+        out[r].sort_unstable();
+        for &u in &out[r] {
+            used[u] = true;
+        }
+        let got = nodes_of(topo, &union(units, &out[r]));
+        reasons[r].push(match want {
+            Some(node) => format!(
+                "its GPU's NUMA node {node} has too few allowed CPUs: {share} {unit_name}s on the nearest node(s) {got:?}"
+            ),
+            None => format!("its GPU's NUMA node is unknown: {share} {unit_name}s on node(s) {got:?}"),
+        });
+    }
+    let idle = used.iter().filter(|u| !**u).count();
+    if idle > 0 {
+        reasons[0].push(format!(
+            "{idle} allowed {unit_name}(s) stay idle: they are not on a GPU's node, or ranks are kept equal"
+        ));
+    }
+    Some(out)
+}
+
+fn union(units: &[Unit], idx: &[usize]) -> CpuSet {
+    idx.iter()
+        .fold(CpuSet::new(), |a, &u| a.union(&units[u].cpus))
+}
+
+/// Ranks sharing whole nodes or packages: GPU ranks take their GPU's, CPU ranks
+/// are spread over them in blocks.
+fn assign_shared(topo: &Topology, groups: &[CpuSet], gpus: &[Option<&PciDevice>]) -> Vec<usize> {
+    let n = gpus.len();
+    (0..n)
+        .map(|i| {
+            let by_gpu = gpus[i].and_then(|g| {
+                let node = topo.numa_nodes.iter().find(|x| Some(x.id) == g.numa_node)?;
+                groups.iter().position(|s| s.intersects(&node.cpus))
+            });
+            by_gpu.unwrap_or(i * groups.len() / n)
+        })
+        .collect()
+}
+
+/// Place every rank by the request's policy.
+pub fn place(
+    topo: &Topology,
+    req: &PlanRequest,
+    gpus: &[Option<&PciDevice>],
+    plan_reasons: &mut Vec<String>,
+) -> Result<Vec<Slice>, PlanError> {
+    let n = gpus.len();
+    let cores = core_units(topo);
+    let mut reasons: Vec<Vec<String>> = vec![vec![]; n];
+    let slices = |assign: Vec<Vec<usize>>, units: &[Unit], reasons: Vec<Vec<String>>| {
+        let mut count: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
+        for a in &assign {
+            *count.entry(a.clone()).or_default() += 1;
+        }
+        assign
+            .iter()
+            .zip(reasons)
+            .map(|(idx, reasons)| {
+                let core_sets: Vec<CpuSet> =
+                    idx.iter().flat_map(|&u| units[u].cores.clone()).collect();
+                Slice {
+                    cpus: union(units, idx),
+                    bind: true,
+                    cores: core_sets.len(),
+                    core_sets,
+                    sharers: count[idx],
+                    reasons,
+                }
+            })
+            .collect::<Vec<_>>()
+    };
+    let too_few = |have: usize, unit: &'static str, units: &[Unit]| PlanError::TooFewCpus {
+        ranks: n,
+        have,
+        unit,
+        cpus: units
+            .iter()
+            .fold(CpuSet::new(), |a, u| a.union(&u.cpus))
+            .to_string(),
+    };
+    // More ranks than units, with --oversubscribe: round-robin, one unit each.
+    let round_robin = |units: &[Unit], reasons: &mut Vec<String>| {
+        reasons.push(format!(
+            "--oversubscribe: {n} ranks share {} units round-robin",
+            units.len()
+        ));
+        (0..n).map(|i| vec![i % units.len()]).collect::<Vec<_>>()
+    };
+    match req.policy {
+        Policy::None => {
+            plan_reasons
+                .push("policy none: ranks are not bound; each may run on every allowed CPU".into());
+            let all = vec![(0..cores.len()).collect::<Vec<_>>(); n];
+            let mut s = slices(all, &cores, reasons);
+            for x in &mut s {
+                x.bind = false;
+            }
+            Ok(s)
+        }
+        Policy::Node | Policy::Socket => {
+            let (groups, what): (Vec<CpuSet>, &str) = if req.policy == Policy::Node {
+                (
+                    topo.cpu_nodes().map(|x| x.cpus.clone()).collect(),
+                    "NUMA node",
+                )
+            } else {
+                (
+                    topo.packages.iter().map(|p| p.cpus.clone()).collect(),
+                    "package",
+                )
+            };
+            let groups: Vec<CpuSet> = groups
+                .into_iter()
+                .map(|g| g.intersection(&topo.allowed_cpus))
+                .filter(|g| !g.is_empty())
+                .collect();
+            let pick = assign_shared(topo, &groups, gpus);
+            let assign: Vec<Vec<usize>> = pick
+                .iter()
+                .map(|&g| {
+                    (0..cores.len())
+                        .filter(|&u| cores[u].cpus.is_subset(&groups[g]))
+                        .collect()
+                })
+                .collect();
+            for (r, &g) in pick.iter().enumerate() {
+                reasons[r].push(format!(
+                    "policy {}: the whole {what} {} ",
+                    req.policy, groups[g]
+                ));
+            }
+            Ok(slices(assign, &cores, reasons))
+        }
+        Policy::L3 => {
+            let l3 = l3_units(topo, &cores);
+            if l3.is_empty() {
+                plan_reasons
+                    .push("policy l3: this machine shows no L3 groups; placed as exclusive".into());
+                return place(
+                    topo,
+                    &PlanRequest {
+                        policy: Policy::Exclusive,
+                        ..req.clone()
+                    },
+                    gpus,
+                    plan_reasons,
+                );
+            }
+            let assign = match assign_exclusive(topo, &l3, gpus, "L3 group", &mut reasons) {
+                Some(a) => a,
+                None if req.oversubscribe => round_robin(&l3, plan_reasons),
+                None => return Err(too_few(l3.len(), "L3 group", &l3)),
+            };
+            Ok(slices(assign, &l3, reasons))
+        }
+        Policy::Exclusive | Policy::Single => {
+            let mut assign = match assign_exclusive(topo, &cores, gpus, "core", &mut reasons) {
+                Some(a) => a,
+                None if req.oversubscribe => round_robin(&cores, plan_reasons),
+                None => return Err(too_few(cores.len(), "physical core", &cores)),
+            };
+            if req.policy == Policy::Single {
+                for a in &mut assign {
+                    a.truncate(1);
+                }
+                plan_reasons.push("policy single: one physical core per rank".into());
+            }
+            Ok(slices(assign, &cores, reasons))
+        }
+    }
+}

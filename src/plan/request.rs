@@ -1,0 +1,288 @@
+//! What a user asks the planner for, as plain data (the CLI builds it; JSON
+//! carries it inside every plan so a plan says what question it answers).
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// How many local ranks: a number, one per GPU, or decided from the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub enum NProc {
+    Count(usize),
+    Gpu,
+    Auto,
+}
+
+/// A count the planner may choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub enum Amount {
+    Auto,
+    Fixed(usize),
+}
+
+/// Which GPUs ranks use: all visible, none, or a list of visible ordinals.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub enum GpuSelect {
+    Auto,
+    None,
+    List(Vec<usize>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// Own physical cores per rank, on the GPU's NUMA node.
+    Exclusive,
+    /// The whole NUMA node, shared by the ranks on it.
+    Node,
+    /// The whole package, shared.
+    Socket,
+    /// Whole L3 groups per rank.
+    L3,
+    /// One physical core per rank.
+    Single,
+    /// No binding at all.
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemPolicy {
+    /// Allocate on the node of the CPU that touches memory first (the rank's node).
+    Local,
+    Preferred,
+    Bind,
+    Interleave,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AllocatorChoice {
+    None,
+    Jemalloc,
+    Tcmalloc,
+    Auto,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Profile {
+    /// threadwise's own rules.
+    Auto,
+    /// The formulas of the guides this project grew from, reproduced exactly.
+    Seed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AllocatorKind {
+    Jemalloc,
+    Tcmalloc,
+}
+
+/// An allocator library that exists on the machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocator {
+    pub kind: AllocatorKind,
+    pub path: String,
+}
+
+/// Everything `plan` answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanRequest {
+    pub nproc: NProc,
+    pub gpus: GpuSelect,
+    pub policy: Policy,
+    pub smt: bool,
+    pub threads: Amount,
+    pub workers: Amount,
+    pub mem: MemPolicy,
+    pub allocator: AllocatorChoice,
+    pub profile: Profile,
+    /// Mixed precision (the seed profile's 2-thread rule).
+    pub amp: bool,
+    /// Nodes in the job: the seed profile divides by the global world size.
+    pub nnodes: usize,
+    pub oversubscribe: bool,
+    /// Set OMP_PROC_BIND/OMP_PLACES (off by default: the CPU-0 trap).
+    pub omp_bind: bool,
+}
+
+impl Default for PlanRequest {
+    fn default() -> Self {
+        PlanRequest {
+            nproc: NProc::Auto,
+            gpus: GpuSelect::Auto,
+            policy: Policy::Exclusive,
+            smt: false,
+            threads: Amount::Auto,
+            workers: Amount::Auto,
+            mem: MemPolicy::Local,
+            allocator: AllocatorChoice::None,
+            profile: Profile::Auto,
+            amp: false,
+            nnodes: 1,
+            oversubscribe: false,
+            omp_bind: false,
+        }
+    }
+}
+
+impl fmt::Display for NProc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NProc::Count(n) => write!(f, "{n}"),
+            NProc::Gpu => f.write_str("gpu"),
+            NProc::Auto => f.write_str("auto"),
+        }
+    }
+}
+
+impl FromStr for NProc {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "gpu" => Ok(NProc::Gpu),
+            "auto" => Ok(NProc::Auto),
+            _ => s
+                .parse()
+                .map(NProc::Count)
+                .map_err(|_| format!("{s:?}: expected a number, gpu or auto")),
+        }
+    }
+}
+
+impl fmt::Display for Amount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Amount::Auto => f.write_str("auto"),
+            Amount::Fixed(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+impl FromStr for Amount {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Amount::Auto),
+            _ => s
+                .parse()
+                .map(Amount::Fixed)
+                .map_err(|_| format!("{s:?}: expected a number or auto")),
+        }
+    }
+}
+
+impl fmt::Display for GpuSelect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GpuSelect::Auto => f.write_str("auto"),
+            GpuSelect::None => f.write_str("none"),
+            GpuSelect::List(v) => {
+                let s: Vec<String> = v.iter().map(usize::to_string).collect();
+                f.write_str(&s.join(","))
+            }
+        }
+    }
+}
+
+impl FromStr for GpuSelect {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(GpuSelect::Auto),
+            "none" | "" => Ok(GpuSelect::None),
+            _ => {
+                let v: Result<Vec<usize>, _> = s.split(',').map(|x| x.trim().parse()).collect();
+                let v =
+                    v.map_err(|_| format!("{s:?}: expected auto, none or indices like 0,1,3"))?;
+                let mut seen = v.clone();
+                seen.sort_unstable();
+                seen.dedup();
+                if seen.len() != v.len() {
+                    return Err(format!("{s:?}: a GPU is listed twice"));
+                }
+                Ok(GpuSelect::List(v))
+            }
+        }
+    }
+}
+
+macro_rules! string_conversions {
+    ($($t:ty),*) => {$(
+        impl From<$t> for String {
+            fn from(v: $t) -> String {
+                v.to_string()
+            }
+        }
+        impl TryFrom<String> for $t {
+            type Error = String;
+            fn try_from(s: String) -> Result<Self, String> {
+                s.parse()
+            }
+        }
+    )*};
+}
+string_conversions!(NProc, Amount, GpuSelect);
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Policy::Exclusive => "exclusive",
+            Policy::Node => "node",
+            Policy::Socket => "socket",
+            Policy::L3 => "l3",
+            Policy::Single => "single",
+            Policy::None => "none",
+        })
+    }
+}
+
+impl fmt::Display for MemPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MemPolicy::Local => "local",
+            MemPolicy::Preferred => "preferred",
+            MemPolicy::Bind => "bind",
+            MemPolicy::Interleave => "interleave",
+            MemPolicy::None => "none",
+        })
+    }
+}
+
+impl fmt::Display for AllocatorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AllocatorKind::Jemalloc => "jemalloc",
+            AllocatorKind::Tcmalloc => "tcmalloc",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn string_forms_round_trip() {
+        for s in ["4", "gpu", "auto"] {
+            assert_eq!(s.parse::<NProc>().unwrap().to_string(), s);
+        }
+        assert!("four".parse::<NProc>().is_err());
+        assert_eq!(
+            "0,2".parse::<GpuSelect>().unwrap(),
+            GpuSelect::List(vec![0, 2])
+        );
+        assert!("0,0".parse::<GpuSelect>().is_err());
+        assert!("x".parse::<Amount>().is_err());
+        let json = serde_json::to_string(&PlanRequest::default()).unwrap();
+        let back: PlanRequest = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, PlanRequest::default());
+    }
+}

@@ -1,0 +1,137 @@
+//! How many compute threads and DataLoader workers a rank gets. Our rules count
+//! the rank's own cores and the cgroup budget; the seed profile reproduces the
+//! guides' formulas exactly and says where they go wrong on this machine.
+
+use super::place::Slice;
+use super::{Amount, PlanRequest, Profile};
+use crate::cpuset::CpuSet;
+use crate::topology::Topology;
+
+pub struct Size {
+    pub threads: usize,
+    pub workers: usize,
+    pub worker_cpus: CpuSet,
+}
+
+/// Most DataLoader workers a GPU rank gets by default: beyond this they cost
+/// memory (each is a copy of the dataset object) for little throughput.
+const MAX_AUTO_WORKERS: usize = 8;
+
+pub fn size(
+    topo: &Topology,
+    req: &PlanRequest,
+    slice: &Slice,
+    has_gpu: bool,
+    nproc: usize,
+    reasons: &mut Vec<String>,
+) -> Size {
+    let per_core = if req.smt {
+        slice.cpus.len().max(slice.cores)
+    } else {
+        slice.cores
+    };
+    // Ranks sharing a node or package split its cores between them.
+    let units = (per_core / slice.sharers.max(1)).max(1);
+    let budget = topo.cpu_budget / nproc as f64;
+    let budget_cap = (budget.floor() as usize).max(1);
+    let (mut threads, mut workers) = match req.profile {
+        Profile::Seed => seed(topo, req, nproc, reasons),
+        Profile::Auto if has_gpu => {
+            let t = units.div_ceil(4).clamp(1, 4);
+            let w = units.saturating_sub(t).clamp(1, MAX_AUTO_WORKERS);
+            reasons.push(format!(
+                "GPU rank: {t} compute thread(s) of {units} {}; {w} DataLoader worker(s) on the rest{}",
+                unit_word(req),
+                if units - t > MAX_AUTO_WORKERS { format!(" (capped at {MAX_AUTO_WORKERS})") } else { String::new() }
+            ));
+            (t, w)
+        }
+        Profile::Auto => {
+            let w = (units / 4).clamp(1, 4);
+            reasons.push(format!(
+                "CPU rank: all {units} {} compute; {w} DataLoader worker(s) share them",
+                unit_word(req)
+            ));
+            (units, w)
+        }
+    };
+    if req.profile == Profile::Auto && threads > budget_cap {
+        reasons.push(format!(
+            "the cgroup CPU budget of {:.2} CPUs over {nproc} rank(s) allows {budget_cap} thread(s) each",
+            topo.cpu_budget
+        ));
+        threads = budget_cap;
+    }
+    if let Amount::Fixed(t) = req.threads {
+        threads = t.max(1);
+        if t > units {
+            reasons.push(format!(
+                "{t} threads asked on {units} {}: oversubscribed",
+                unit_word(req)
+            ));
+        }
+    }
+    if let Amount::Fixed(w) = req.workers {
+        workers = w;
+    }
+    // Workers get the cores after the compute threads' ones, when any are left.
+    let spare: Vec<&CpuSet> = slice.core_sets.iter().skip(threads).collect();
+    let worker_cpus = if has_gpu && !spare.is_empty() && slice.bind {
+        spare.iter().fold(CpuSet::new(), |a, s| a.union(s))
+    } else {
+        slice.cpus.clone()
+    };
+    Size {
+        threads,
+        workers,
+        worker_cpus,
+    }
+}
+
+fn unit_word(req: &PlanRequest) -> &'static str {
+    if req.smt {
+        "CPUs (SMT)"
+    } else {
+        "physical cores"
+    }
+}
+
+/// The guides' formulas, exactly: os.cpu_count() over the global world size.
+fn seed(
+    topo: &Topology,
+    req: &PlanRequest,
+    nproc: usize,
+    reasons: &mut Vec<String>,
+) -> (usize, usize) {
+    let cpu_count = topo.online_cpus.len();
+    let world = nproc * req.nnodes.max(1);
+    let cap = if req.amp { 2 } else { 4 };
+    let threads = (cpu_count / world).max(1).min(cap);
+    let workers = (cpu_count / world).saturating_sub(1).max(1).min(4);
+    reasons.push(format!(
+        "seed profile: threads = min({cap}, max(1, {cpu_count} // {world})) = {threads}; \
+         workers = min(4, max(1, {cpu_count} // {world} - 1)) = {workers}"
+    ));
+    if req.nnodes > 1 {
+        reasons.push(format!(
+            "seed profile divides by the global world size {world}, but only {nproc} ranks share this node"
+        ));
+    }
+    let allowed = topo.allowed_cpus.len();
+    if (topo.cpu_budget as usize) < cpu_count {
+        reasons.push(format!(
+            "seed profile trusts os.cpu_count() = {cpu_count}, but this process may use {allowed} CPUs \
+             with a budget of {:.2}",
+            topo.cpu_budget
+        ));
+    }
+    let busy = nproc * (threads + workers);
+    if busy as f64 > topo.cpu_budget {
+        reasons.push(format!(
+            "seed profile: {nproc} ranks x ({threads} threads + {workers} workers) = {busy} busy threads \
+             on {:.2} CPUs of budget",
+            topo.cpu_budget
+        ));
+    }
+    (threads, workers)
+}

@@ -1,0 +1,271 @@
+//! Which CPUs and how much CPU time the cgroup lets this process have, for
+//! cgroup v1 (cpuset, cpu controllers, and the old `cpuset` filesystem) and v2,
+//! found the way the kernel describes it: `proc/self/cgroup` (or the older
+//! `proc/self/cpuset`) for the path, `proc/mounts` for where each hierarchy is.
+//! Everything is read below a root directory so that dumps work like the host.
+
+use std::path::{Path, PathBuf};
+
+use crate::cpuset::CpuSet;
+
+/// What the cgroups say about this process.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CgroupLimits {
+    pub version: Option<&'static str>,
+    pub path: Option<String>,
+    pub cpuset: Option<CpuSet>,
+    /// quota / period, in CPUs.
+    pub quota: Option<f64>,
+}
+
+#[derive(Debug)]
+struct Mount {
+    point: String,
+    fstype: String,
+    options: Vec<String>,
+}
+
+fn read(root: &Path, rel: &str) -> Option<String> {
+    std::fs::read_to_string(join(root, rel)).ok()
+}
+
+/// `root` + an absolute path from inside the machine.
+fn join(root: &Path, abs: &str) -> PathBuf {
+    root.join(abs.trim_start_matches('/'))
+}
+
+fn mounts(root: &Path) -> Vec<Mount> {
+    let Some(text) = read(root, "proc/mounts") else {
+        return vec![];
+    };
+    text.lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 4 {
+                return None;
+            }
+            Some(Mount {
+                point: f[1].replace("\\040", " "),
+                fstype: f[2].to_string(),
+                options: f[3].split(',').map(str::to_string).collect(),
+            })
+        })
+        .collect()
+}
+
+/// `(controllers, path)` pairs from proc/self/cgroup; v2 has empty controllers.
+fn membership(root: &Path) -> Vec<(Vec<String>, String)> {
+    let Some(text) = read(root, "proc/self/cgroup") else {
+        return vec![];
+    };
+    text.lines()
+        .filter_map(|line| {
+            let mut it = line.splitn(3, ':');
+            let _id = it.next()?;
+            let ctrls = it.next()?;
+            let path = it.next()?;
+            let ctrls = ctrls
+                .split(',')
+                .filter(|c| !c.is_empty())
+                .map(str::to_string)
+                .collect();
+            Some((ctrls, path.trim().to_string()))
+        })
+        .collect()
+}
+
+/// The directories from `mount/path` up to `mount`, deepest first.
+fn ancestry(root: &Path, mount: &str, path: &str) -> Vec<PathBuf> {
+    let base = join(root, mount);
+    let mut out = vec![];
+    let mut rel: Vec<&str> = path
+        .split('/')
+        .filter(|s| !s.is_empty() && *s != "..")
+        .collect();
+    loop {
+        let mut p = base.clone();
+        for part in &rel {
+            p.push(part);
+        }
+        out.push(p);
+        if rel.pop().is_none() {
+            break;
+        }
+    }
+    out
+}
+
+/// The first readable, non-empty cpuset file found walking up from the cgroup.
+fn cpuset_up(dirs: &[PathBuf], files: &[&str]) -> Option<CpuSet> {
+    for dir in dirs {
+        for f in files {
+            if let Ok(text) = std::fs::read_to_string(dir.join(f))
+                && let Ok(set) = CpuSet::parse_list(&text)
+                && !set.is_empty()
+            {
+                return Some(set);
+            }
+        }
+    }
+    None
+}
+
+/// The tightest quota along the path: a parent's limit binds its children too.
+fn quota_up_v2(dirs: &[PathBuf]) -> Option<f64> {
+    dirs.iter()
+        .filter_map(|d| std::fs::read_to_string(d.join("cpu.max")).ok())
+        .filter_map(|t| parse_cpu_max(&t))
+        .min_by(f64::total_cmp)
+}
+
+fn quota_up_v1(dirs: &[PathBuf]) -> Option<f64> {
+    dirs.iter()
+        .filter_map(|d| {
+            let q = std::fs::read_to_string(d.join("cpu.cfs_quota_us")).ok()?;
+            let p = std::fs::read_to_string(d.join("cpu.cfs_period_us")).ok()?;
+            parse_cfs(&q, &p)
+        })
+        .min_by(f64::total_cmp)
+}
+
+/// `cpu.max`: "max 100000" (no limit) or "50000 100000".
+pub fn parse_cpu_max(text: &str) -> Option<f64> {
+    let mut it = text.split_whitespace();
+    let quota = it.next()?;
+    let period: f64 = it.next().map_or(Some(100000.0), |p| p.parse().ok())?;
+    if quota == "max" || period <= 0.0 {
+        return None;
+    }
+    let q: f64 = quota.parse().ok()?;
+    (q > 0.0).then_some(q / period)
+}
+
+/// v1 `cpu.cfs_quota_us` (-1 = no limit) over `cpu.cfs_period_us`.
+pub fn parse_cfs(quota: &str, period: &str) -> Option<f64> {
+    let q: i64 = quota.trim().parse().ok()?;
+    let p: i64 = period.trim().parse().ok()?;
+    (q > 0 && p > 0).then(|| q as f64 / p as f64)
+}
+
+/// Read the cgroup limits of the process whose `/proc/self` is under `root`.
+pub fn probe(root: &Path) -> CgroupLimits {
+    let mounts = mounts(root);
+    let members = membership(root);
+    let old_cpuset_path = read(root, "proc/self/cpuset").map(|s| s.trim().to_string());
+    let mut out = CgroupLimits::default();
+
+    let v2_path = members
+        .iter()
+        .find(|(c, _)| c.is_empty())
+        .map(|(_, p)| p.clone());
+    let v1_path = |ctrl: &str| {
+        members
+            .iter()
+            .find(|(c, _)| c.iter().any(|x| x == ctrl))
+            .map(|(_, p)| p.clone())
+    };
+    let v1_mount = |ctrl: &str| {
+        mounts
+            .iter()
+            .find(|m| m.fstype == "cgroup" && m.options.iter().any(|o| o == ctrl))
+    };
+
+    // cpuset: v1 cpuset controller, then the legacy cpuset fs, then v2.
+    if let Some(m) = v1_mount("cpuset") {
+        let path = v1_path("cpuset").or(old_cpuset_path.clone());
+        if let Some(path) = path {
+            let dirs = ancestry(root, &m.point, &path);
+            // v1 keeps the configured set in cpuset.cpus (what hwloc reads too).
+            out.cpuset = cpuset_up(&dirs, &["cpuset.cpus", "cpuset.effective_cpus"]);
+            if out.cpuset.is_some() {
+                out.version = Some("v1");
+                out.path = Some(path);
+            }
+        }
+    } else if let Some(m) = mounts.iter().find(|m| m.fstype == "cpuset") {
+        if let Some(path) = old_cpuset_path.clone() {
+            let dirs = ancestry(root, &m.point, &path);
+            out.cpuset = cpuset_up(&dirs, &["cpus", "cpuset.cpus"]);
+            if out.cpuset.is_some() {
+                out.version = Some("v1");
+                out.path = Some(path);
+            }
+        }
+    }
+    let v2_mount = mounts.iter().find(|m| m.fstype == "cgroup2");
+    if out.cpuset.is_none()
+        && let Some(m) = v2_mount
+        && let Some(path) = v2_path.clone().or(old_cpuset_path.clone())
+    {
+        let dirs = ancestry(root, &m.point, &path);
+        out.cpuset = cpuset_up(&dirs, &["cpuset.cpus.effective", "cpuset.cpus"]);
+        if out.cpuset.is_some() {
+            out.version = Some("v2");
+            out.path = Some(path);
+        }
+    }
+
+    // CPU quota: v1 cpu controller, then v2.
+    if let Some(m) = v1_mount("cpu")
+        && let Some(path) = v1_path("cpu")
+    {
+        out.quota = quota_up_v1(&ancestry(root, &m.point, &path));
+        if out.quota.is_some() {
+            out.version.get_or_insert("v1");
+            out.path.get_or_insert(path);
+        }
+    }
+    if out.quota.is_none()
+        && let Some(m) = v2_mount
+        && let Some(path) = v2_path
+    {
+        out.quota = quota_up_v2(&ancestry(root, &m.point, &path));
+        if out.quota.is_some() {
+            out.version.get_or_insert("v2");
+            out.path.get_or_insert(path);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quota_forms() {
+        assert_eq!(parse_cpu_max("max 100000\n"), None);
+        assert_eq!(parse_cpu_max("50000 100000\n"), Some(0.5));
+        assert_eq!(parse_cpu_max("250000 100000"), Some(2.5));
+        assert_eq!(parse_cpu_max("garbage"), None);
+        assert_eq!(parse_cfs("-1\n", "100000\n"), None);
+        assert_eq!(parse_cfs("50000", "100000"), Some(0.5));
+        assert_eq!(parse_cfs("x", "100000"), None);
+    }
+
+    #[test]
+    fn v2_cpuset_and_quota_from_a_fake_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        let w = |p: &str, s: &str| {
+            let p = r.join(p);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, s).unwrap();
+        };
+        w("proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n");
+        w("proc/self/cgroup", "0::/job/step\n");
+        w("sys/fs/cgroup/job/cpuset.cpus.effective", "2-3\n");
+        w("sys/fs/cgroup/job/cpu.max", "150000 100000\n");
+        w("sys/fs/cgroup/job/step/cpu.max", "max 100000\n");
+        let l = probe(r);
+        assert_eq!(l.version, Some("v2"));
+        assert_eq!(l.cpuset.unwrap().to_string(), "2-3");
+        assert_eq!(l.quota, Some(1.5));
+    }
+
+    #[test]
+    fn nothing_found_means_no_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(probe(dir.path()), CgroupLimits::default());
+    }
+}

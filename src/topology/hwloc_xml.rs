@@ -1,0 +1,300 @@
+//! Imports a machine from an hwloc v2 XML export (`lstopo --of xml`), so a user
+//! can plan for a machine they are not on: a GPU server, a cluster node type.
+//! Only the parts placement needs are read; unknown elements are skipped.
+
+use super::{Core, Distances, Group, NumaNode, PciDevice, Topology, TopologyError};
+use crate::cpuset::CpuSet;
+
+type Node<'a, 'i> = roxmltree::Node<'a, 'i>;
+
+fn cpuset_attr(n: &Node, name: &str) -> Result<Option<CpuSet>, String> {
+    match n.attribute(name) {
+        None => Ok(None),
+        Some(text) => CpuSet::parse_mask(text)
+            .map(Some)
+            .map_err(|e| e.to_string()),
+    }
+}
+
+fn num_attr<T: std::str::FromStr>(n: &Node, name: &str) -> Option<T> {
+    n.attribute(name)?.trim().parse().ok()
+}
+
+/// The first ancestor (or self) that has a cpuset: where an I/O object is local.
+fn locality<'a, 'i>(n: Node<'a, 'i>) -> Option<Node<'a, 'i>> {
+    n.ancestors()
+        .find(|a| a.has_tag_name("object") && a.attribute("cpuset").is_some())
+}
+
+/// Parse hwloc XML text. `name` is used in messages and the `source` field.
+pub fn parse(text: &str, name: &str) -> Result<Topology, TopologyError> {
+    let err = |why: String| TopologyError::Xml {
+        path: name.to_string(),
+        why,
+    };
+    let opts = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..Default::default()
+    };
+    let doc =
+        roxmltree::Document::parse_with_options(text, opts).map_err(|e| err(e.to_string()))?;
+    let root = doc.root_element();
+    if !root.has_tag_name("topology") {
+        return Err(err(format!(
+            "the root element is <{}>, not <topology>",
+            root.tag_name().name()
+        )));
+    }
+    let mut t = Topology::empty(format!("hwloc-xml:{name}"));
+    let objects: Vec<Node> = root
+        .descendants()
+        .filter(|n| n.has_tag_name("object"))
+        .collect();
+    let kind = |n: &Node| n.attribute("type").unwrap_or("").to_string();
+
+    t.online_cpus = objects
+        .iter()
+        .filter(|n| kind(n) == "PU")
+        .filter_map(|n| num_attr::<usize>(n, "os_index"))
+        .filter(|i| *i <= crate::cpuset::MAX_CPU)
+        .collect();
+    if t.online_cpus.is_empty() {
+        return Err(err("no PU objects".to_string()));
+    }
+    let online = t.online_cpus.clone();
+    let mut allowed: Option<CpuSet> = None;
+    let groups = |ty: &str| -> Result<Vec<Group>, TopologyError> {
+        let mut out: Vec<Group> = vec![];
+        for n in objects.iter().filter(|n| kind(n) == ty) {
+            let Some(cpus) = cpuset_attr(n, "cpuset").map_err(&err)? else {
+                continue;
+            };
+            let cpus = cpus.intersection(&online);
+            if !cpus.is_empty() && !out.iter().any(|g| g.cpus == cpus) {
+                out.push(Group {
+                    id: out.len(),
+                    cpus,
+                });
+            }
+        }
+        Ok(out)
+    };
+    t.packages = groups("Package")?;
+    t.dies = groups("Die")?;
+    t.l2_groups = groups("L2Cache")?;
+    t.l3_groups = groups("L3Cache")?;
+    let cores = groups("Core")?;
+    t.cores = cores
+        .into_iter()
+        .map(|g| Core {
+            id: g.id,
+            package: 0,
+            cpus: g.cpus,
+            kind: None,
+            capacity: None,
+        })
+        .collect();
+    for core in &mut t.cores {
+        core.package = t
+            .packages
+            .iter()
+            .position(|p| p.cpus.intersects(&core.cpus))
+            .unwrap_or(0);
+    }
+    for n in &objects {
+        match kind(n).as_str() {
+            "Machine" => {
+                allowed = cpuset_attr(n, "allowed_cpuset").map_err(&err)?;
+            }
+            "NUMANode" => {
+                let Some(id) = num_attr::<usize>(n, "os_index") else {
+                    continue;
+                };
+                let cpus = cpuset_attr(n, "cpuset")
+                    .map_err(&err)?
+                    .unwrap_or_default()
+                    .intersection(&online);
+                t.numa_nodes.push(NumaNode {
+                    id,
+                    cpus,
+                    memory_bytes: num_attr(n, "local_memory").unwrap_or(0),
+                });
+            }
+            "PCIDev" => pci_device(n, &mut t, &online)?,
+            _ => {}
+        }
+    }
+    if t.numa_nodes.is_empty() {
+        t.numa_nodes.push(NumaNode {
+            id: 0,
+            cpus: online.clone(),
+            memory_bytes: 0,
+        });
+    }
+    t.numa_distances = distances(&root, &err)?;
+    if let Some(a) = allowed {
+        t.limits.cgroup_cpuset = Some(a);
+        t.limits.cgroup_version = Some("from-xml".to_string());
+    }
+    t.finish();
+    Ok(t)
+}
+
+fn pci_device(n: &Node, t: &mut Topology, online: &CpuSet) -> Result<(), TopologyError> {
+    let (Some(bus_id), Some(ty)) = (n.attribute("pci_busid"), n.attribute("pci_type")) else {
+        return Ok(());
+    };
+    // pci_type: "0302 [10de:15f9] [10de:116b] a1"
+    let mut parts = ty.split_whitespace();
+    let class = parts
+        .next()
+        .and_then(|c| u32::from_str_radix(c, 16).ok())
+        .unwrap_or(0);
+    let ids = parts
+        .next()
+        .unwrap_or("")
+        .trim_matches(|c| c == '[' || c == ']');
+    let (vendor, device) = ids.split_once(':').unwrap_or(("", ""));
+    let vendor_num = u32::from_str_radix(vendor, 16).unwrap_or(0);
+    let is_gpu = matches!(vendor_num, 0x10de | 0x1002) && class >> 8 == 0x03;
+    let is_nic = class >> 8 == 0x02 || (vendor_num == 0x15b3 && class >> 8 != 0x06);
+    if !is_gpu && !is_nic {
+        return Ok(());
+    }
+    let place = locality(*n);
+    let local_cpus = place
+        .and_then(|p| cpuset_attr(&p, "cpuset").ok().flatten())
+        .unwrap_or_default()
+        .intersection(online);
+    let numa_node = place
+        .and_then(|p| CpuSet::parse_mask(p.attribute("nodeset")?).ok())
+        .filter(|s| s.len() == 1)
+        .and_then(|s| s.first());
+    let dev = PciDevice {
+        index: 0,
+        bus_id: bus_id.to_string(),
+        vendor: format!("0x{vendor}"),
+        device: format!("0x{device}"),
+        class: format!("0x{:06x}", class << 8),
+        numa_node,
+        local_cpus,
+    };
+    if is_gpu {
+        t.gpus.push(dev);
+    } else {
+        t.nics.push(dev);
+    }
+    Ok(())
+}
+
+/// The NUMA latency matrix (`distances2`, type NUMANode, os indexing).
+fn distances(
+    root: &Node,
+    err: &dyn Fn(String) -> TopologyError,
+) -> Result<Option<Distances>, TopologyError> {
+    let mut candidates: Vec<Node> = root
+        .descendants()
+        .filter(|n| {
+            n.has_tag_name("distances2")
+                && n.attribute("type") == Some("NUMANode")
+                && n.attribute("indexing") != Some("gp")
+        })
+        .collect();
+    // Prefer the latency matrix when several are exported.
+    candidates.sort_by_key(|n| n.attribute("name") != Some("NUMALatency"));
+    let Some(d) = candidates.first() else {
+        return Ok(None);
+    };
+    let nb: usize = num_attr(d, "nbobjs").ok_or_else(|| err("distances2 without nbobjs".into()))?;
+    let texts = |tag: &str| -> Vec<String> {
+        d.children()
+            .filter(|c| c.has_tag_name(tag))
+            .filter_map(|c| c.text().map(str::to_string))
+            .collect()
+    };
+    let ids: Vec<usize> = texts("indexes")
+        .iter()
+        .flat_map(|s| s.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let values: Vec<u64> = texts("u64values")
+        .iter()
+        .flat_map(|s| s.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    if nb == 0 || nb > 4096 || ids.len() != nb || values.len() != nb * nb {
+        return Err(err(format!(
+            "distances2 has {} indexes and {} values for {nb} objects",
+            ids.len(),
+            values.len()
+        )));
+    }
+    Ok(Some(Distances {
+        ids,
+        matrix: values.chunks(nb).map(<[u64]>::to_vec).collect(),
+    }))
+}
+
+/// Read an XML file.
+pub fn load(path: &std::path::Path) -> Result<Topology, TopologyError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TopologyError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    parse(&text, &path.display().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const SMALL: &str = r#"<?xml version="1.0"?>
+<topology version="2.0">
+ <object type="Machine" cpuset="0xf" allowed_cpuset="0x7">
+  <object type="Package" cpuset="0xf" nodeset="0x1">
+   <object type="NUMANode" os_index="0" cpuset="0xf" nodeset="0x1" local_memory="1024"/>
+   <object type="Core" cpuset="0x3"><object type="PU" os_index="0" cpuset="0x1"/><object type="PU" os_index="1" cpuset="0x2"/></object>
+   <object type="Core" cpuset="0xc"><object type="PU" os_index="2" cpuset="0x4"/><object type="PU" os_index="3" cpuset="0x8"/></object>
+   <object type="Bridge"><object type="PCIDev" pci_busid="0000:01:00.0" pci_type="0302 [10de:20b0] [10de:1450] a1"/></object>
+  </object>
+ </object>
+</topology>"#;
+
+    #[test]
+    fn reads_a_small_export() {
+        let t = parse(SMALL, "small").unwrap();
+        assert_eq!(t.online_cpus.to_string(), "0-3");
+        assert_eq!(t.allowed_cpus.to_string(), "0-2");
+        assert_eq!(t.cores.len(), 2);
+        assert_eq!(t.gpus.len(), 1);
+        assert_eq!(t.gpus[0].vendor, "0x10de");
+        assert_eq!(t.gpus[0].numa_node, Some(0));
+        assert_eq!(t.gpus[0].local_cpus.to_string(), "0-3");
+        assert_eq!(t.numa_nodes[0].memory_bytes, 1024);
+    }
+
+    #[test]
+    fn rejects_what_is_not_hwloc() {
+        assert!(parse("<html/>", "x").is_err());
+        assert!(parse("not xml", "x").is_err());
+        assert!(parse("<topology/>", "x").is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics_on_random_text(s in "\\PC*") {
+            let _ = parse(&s, "fuzz");
+        }
+
+        #[test]
+        fn never_panics_on_mangled_exports(cut in 0usize..1500, junk in "[<>\"=/a-z0-9 ,x]{0,20}") {
+            let mut s = SMALL.to_string();
+            let at = cut.min(s.len());
+            let at = (0..=at).rev().find(|i| s.is_char_boundary(*i)).unwrap_or(0);
+            s.insert_str(at, &junk);
+            let _ = parse(&s, "fuzz");
+            let _ = parse(&s[..at], "fuzz");
+        }
+    }
+}

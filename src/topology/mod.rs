@@ -1,0 +1,295 @@
+//! What the machine is: plain data that every source (live sysfs, a sysfs dump,
+//! an hwloc XML export, a synthetic description) produces and the planner reads.
+//! Nothing here does I/O except through the source modules.
+
+pub mod cgroup;
+pub mod hwloc_xml;
+pub mod render;
+pub mod synthetic;
+pub mod sysfs;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cpuset::CpuSet;
+
+pub const TOPOLOGY_SCHEMA: &str = "threadwise.topology/1";
+
+/// Errors from reading a topology.
+#[derive(Debug, thiserror::Error)]
+pub enum TopologyError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a topology root: no {path}/sys/devices/system/cpu")]
+    NotARoot { path: String },
+    #[error("no online CPU found under {path}")]
+    NoCpus { path: String },
+    #[error("invalid hwloc XML in {path}: {why}")]
+    Xml { path: String, why: String },
+    #[error("invalid synthetic topology {text:?}: {why}")]
+    Synthetic { text: String, why: String },
+    #[error("CUDA_VISIBLE_DEVICES={value:?}: {why}")]
+    VisibleDevices { value: String, why: String },
+}
+
+/// One machine, as far as placement is concerned.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Topology {
+    pub schema: String,
+    /// Where this came from: "sysfs:/", "hwloc-xml:FILE", "synthetic:...".
+    pub source: String,
+    pub online_cpus: CpuSet,
+    /// Online CPUs this process may use: affinity mask and cgroup cpuset applied.
+    pub allowed_cpus: CpuSet,
+    /// CPUs' worth of time this process may use: allowed CPUs capped by the cgroup quota.
+    pub cpu_budget: f64,
+    pub packages: Vec<Group>,
+    /// Dies and clusters where sysfs shows more than one per package.
+    pub dies: Vec<Group>,
+    pub clusters: Vec<Group>,
+    pub cores: Vec<Core>,
+    pub l2_groups: Vec<Group>,
+    pub l3_groups: Vec<Group>,
+    pub numa_nodes: Vec<NumaNode>,
+    pub numa_distances: Option<Distances>,
+    pub gpus: Vec<PciDevice>,
+    pub nics: Vec<PciDevice>,
+    pub limits: Limits,
+    /// Things the reader had to decide about this machine, in plain words.
+    pub notes: Vec<String>,
+}
+
+/// A package, die, cluster or cache group: a set of CPUs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Group {
+    pub id: usize,
+    pub cpus: CpuSet,
+}
+
+/// A physical core and its SMT siblings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Core {
+    pub id: usize,
+    pub package: usize,
+    pub cpus: CpuSet,
+    /// "performance" or "efficiency" on hybrid machines, else null.
+    pub kind: Option<String>,
+    /// cpu_capacity (arm) or max frequency in kHz, when sysfs shows it.
+    pub capacity: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NumaNode {
+    pub id: usize,
+    pub cpus: CpuSet,
+    pub memory_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Distances {
+    pub ids: Vec<usize>,
+    pub matrix: Vec<Vec<u64>>,
+}
+
+impl Distances {
+    pub fn get(&self, a: usize, b: usize) -> Option<u64> {
+        let i = self.ids.iter().position(|&x| x == a)?;
+        let j = self.ids.iter().position(|&x| x == b)?;
+        self.matrix.get(i)?.get(j).copied()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PciDevice {
+    /// Index in PCI bus order among the devices of its kind (what CUDA numbers
+    /// with CUDA_DEVICE_ORDER=PCI_BUS_ID).
+    pub index: usize,
+    pub bus_id: String,
+    pub vendor: String,
+    pub device: String,
+    pub class: String,
+    /// NUMA node, or null when neither sysfs nor its local CPUs say.
+    pub numa_node: Option<usize>,
+    pub local_cpus: CpuSet,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Limits {
+    /// This process's affinity mask (live machine only).
+    pub affinity: Option<CpuSet>,
+    /// "v1" or "v2", when a cgroup cpuset or quota was found.
+    pub cgroup_version: Option<String>,
+    pub cgroup_path: Option<String>,
+    pub cgroup_cpuset: Option<CpuSet>,
+    /// CPU quota in CPUs (quota / period), when one is set.
+    pub cpu_quota: Option<f64>,
+}
+
+impl Topology {
+    /// An empty topology of a given source, for readers to fill in.
+    pub(crate) fn empty(source: String) -> Self {
+        Topology {
+            schema: TOPOLOGY_SCHEMA.to_string(),
+            source,
+            online_cpus: CpuSet::new(),
+            allowed_cpus: CpuSet::new(),
+            cpu_budget: 0.0,
+            packages: vec![],
+            dies: vec![],
+            clusters: vec![],
+            cores: vec![],
+            l2_groups: vec![],
+            l3_groups: vec![],
+            numa_nodes: vec![],
+            numa_distances: None,
+            gpus: vec![],
+            nics: vec![],
+            limits: Limits::default(),
+            notes: vec![],
+        }
+    }
+
+    /// Fill in `allowed_cpus` and `cpu_budget` from online CPUs and limits.
+    pub(crate) fn apply_limits(&mut self) {
+        let mut allowed = self.online_cpus.clone();
+        if let Some(a) = &self.limits.affinity {
+            allowed = allowed.intersection(a);
+        }
+        if let Some(c) = &self.limits.cgroup_cpuset {
+            allowed = allowed.intersection(c);
+        }
+        self.allowed_cpus = allowed;
+        let n = self.allowed_cpus.len() as f64;
+        self.cpu_budget = match self.limits.cpu_quota {
+            Some(q) => n.min(q),
+            None => n,
+        };
+    }
+
+    /// The NUMA node a CPU belongs to: the first node (by id) that lists it.
+    pub fn node_of_cpu(&self, cpu: usize) -> Option<usize> {
+        self.numa_nodes
+            .iter()
+            .find(|n| n.cpus.contains(cpu))
+            .map(|n| n.id)
+    }
+
+    /// The NUMA node whose CPUs hold most of `cpus`.
+    pub fn node_of_set(&self, cpus: &CpuSet) -> Option<usize> {
+        self.numa_nodes
+            .iter()
+            .map(|n| (n.cpus.intersection(cpus).len(), n.id))
+            .filter(|(k, _)| *k > 0)
+            .max_by_key(|(k, id)| (*k, std::cmp::Reverse(*id)))
+            .map(|(_, id)| id)
+    }
+
+    /// Sort every list and derive what can be derived; readers call this last.
+    pub(crate) fn finish(&mut self) {
+        fn by_first(v: &mut [Group]) {
+            v.sort_by_key(|g| g.cpus.first());
+        }
+        by_first(&mut self.packages);
+        by_first(&mut self.dies);
+        by_first(&mut self.clusters);
+        by_first(&mut self.l2_groups);
+        by_first(&mut self.l3_groups);
+        self.cores.sort_by_key(|c| c.cpus.first());
+        self.numa_nodes.sort_by_key(|n| n.id);
+        for list in [&mut self.gpus, &mut self.nics] {
+            list.sort_by(|a, b| a.bus_id.cmp(&b.bus_id));
+            for (i, d) in list.iter_mut().enumerate() {
+                d.index = i;
+                if d.numa_node.is_none() && !d.local_cpus.is_empty() {
+                    d.numa_node = self
+                        .numa_nodes
+                        .iter()
+                        .filter(|n| !n.cpus.is_empty() && n.cpus.is_subset(&d.local_cpus))
+                        .map(|n| n.id)
+                        .next();
+                }
+            }
+        }
+        self.apply_limits();
+    }
+
+    /// Keep only the GPUs `CUDA_VISIBLE_DEVICES` names, in its order, renumbered.
+    /// Indices only: UUIDs (GPU-..., MIG-...) need NVML to map and are refused.
+    pub fn restrict_gpus(&mut self, visible: &str) -> Result<(), TopologyError> {
+        let err = |why: String| TopologyError::VisibleDevices {
+            value: visible.to_string(),
+            why,
+        };
+        let text = visible.trim();
+        let mut keep = Vec::new();
+        if !text.is_empty() {
+            for item in text.split(',') {
+                let item = item.trim();
+                if item.starts_with("GPU-") || item.starts_with("MIG-") {
+                    return Err(err(format!(
+                        "{item} is a UUID; threadwise maps GPUs by index in PCI bus order. \
+                         hint: give indices (CUDA_VISIBLE_DEVICES=0,1) or use --gpus"
+                    )));
+                }
+                let Ok(i) = item.parse::<i64>() else {
+                    return Err(err(format!("{item:?} is not a GPU index")));
+                };
+                // CUDA stops at the first invalid index; so do we.
+                if i < 0 || i as usize >= self.gpus.len() {
+                    break;
+                }
+                if keep.contains(&(i as usize)) {
+                    return Err(err(format!("GPU {i} is listed twice")));
+                }
+                keep.push(i as usize);
+            }
+        }
+        let all = std::mem::take(&mut self.gpus);
+        self.gpus = keep
+            .iter()
+            .enumerate()
+            .map(|(new, &old)| PciDevice {
+                index: new,
+                ..all[old].clone()
+            })
+            .collect();
+        self.notes.push(format!(
+            "CUDA_VISIBLE_DEVICES={visible}: {} of {} GPUs visible",
+            self.gpus.len(),
+            all.len()
+        ));
+        Ok(())
+    }
+
+    /// NUMA nodes that have allowed CPUs.
+    pub fn cpu_nodes(&self) -> impl Iterator<Item = &NumaNode> {
+        self.numa_nodes
+            .iter()
+            .filter(|n| n.cpus.intersects(&self.allowed_cpus))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn visible_devices_indices_and_uuids() {
+        let mut t = synthetic::parse("package:1 core:4 pu:1 gpu:4").unwrap();
+        t.restrict_gpus("2,0").unwrap();
+        assert_eq!(t.gpus.len(), 2);
+        assert_eq!(t.gpus[0].index, 0);
+        assert_eq!(t.gpus[0].bus_id, "0000:03:00.0");
+        let mut t = synthetic::parse("package:1 core:4 pu:1 gpu:4").unwrap();
+        t.restrict_gpus("1,7,2").unwrap();
+        assert_eq!(t.gpus.len(), 1, "CUDA stops at the first invalid index");
+        let mut t = synthetic::parse("package:1 core:4 pu:1 gpu:4").unwrap();
+        let e = t.restrict_gpus("GPU-1234").unwrap_err().to_string();
+        assert!(e.contains("UUID"), "{e}");
+        let mut t = synthetic::parse("package:1 core:4 pu:1 gpu:4").unwrap();
+        t.restrict_gpus("").unwrap();
+        assert!(t.gpus.is_empty());
+    }
+}

@@ -1,0 +1,440 @@
+//! Reads a Linux machine from `/sys` and `/proc` below a root directory: the live
+//! machine (root "/") or a dump made by `hwloc-gather-topology`. Dumps are hostile
+//! input: NUL-terminated files, dangling links, link cycles, offline CPUs that
+//! never existed, ids of -1, missing files. Every read is allowed to fail; we
+//! never walk links recursively.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::{Core, Distances, Group, NumaNode, PciDevice, Topology, TopologyError, cgroup};
+use crate::cpuset::CpuSet;
+
+const CPU_DIR: &str = "sys/devices/system/cpu";
+const NODE_DIR: &str = "sys/devices/system/node";
+const PCI_DIR: &str = "sys/bus/pci/devices";
+
+struct Root<'a>(&'a Path);
+
+impl Root<'_> {
+    fn path(&self, rel: &str) -> PathBuf {
+        self.0.join(rel)
+    }
+    fn read(&self, rel: &str) -> Option<String> {
+        let text = std::fs::read_to_string(self.path(rel)).ok()?;
+        Some(
+            text.trim_matches(|c: char| c == '\0' || c.is_whitespace())
+                .to_string(),
+        )
+    }
+    fn list(&self, rel: &str) -> Option<CpuSet> {
+        CpuSet::parse_list(&self.read(rel)?).ok()
+    }
+    fn mask(&self, rel: &str) -> Option<CpuSet> {
+        CpuSet::parse_mask(&self.read(rel)?).ok()
+    }
+    /// A cpulist file, or its mask twin (`foo_list` / `foo`, `cpulist` / `cpumap`).
+    fn list_or_mask(&self, list: &str, mask: &str) -> Option<CpuSet> {
+        self.list(list).or_else(|| self.mask(mask))
+    }
+    fn num<T: std::str::FromStr>(&self, rel: &str) -> Option<T> {
+        self.read(rel)?.parse().ok()
+    }
+    /// Names `prefix<N>` in a directory, as numbers, sorted.
+    fn numbered(&self, rel: &str, prefix: &str) -> Vec<usize> {
+        let Ok(rd) = std::fs::read_dir(self.path(rel)) else {
+            return vec![];
+        };
+        let mut v: Vec<usize> = rd
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str()?.strip_prefix(prefix)?.parse().ok())
+            .collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+/// What one CPU's sysfs directory says.
+#[derive(Default)]
+struct CpuInfo {
+    package_id: Option<i64>,
+    core_id: Option<i64>,
+    siblings: Option<CpuSet>,
+    package_cpus: Option<CpuSet>,
+    die_cpus: Option<CpuSet>,
+    cluster_cpus: Option<CpuSet>,
+    l2: Option<CpuSet>,
+    l3: Option<CpuSet>,
+    capacity: Option<u64>,
+}
+
+fn read_cpu(r: &Root, cpu: usize) -> CpuInfo {
+    let t = format!("{CPU_DIR}/cpu{cpu}/topology");
+    let mut info = CpuInfo {
+        package_id: r.num(&format!("{t}/physical_package_id")),
+        core_id: r.num(&format!("{t}/core_id")),
+        siblings: r
+            .list_or_mask(&format!("{t}/core_cpus_list"), &format!("{t}/core_cpus"))
+            .or_else(|| {
+                r.list_or_mask(
+                    &format!("{t}/thread_siblings_list"),
+                    &format!("{t}/thread_siblings"),
+                )
+            }),
+        package_cpus: r
+            .list_or_mask(
+                &format!("{t}/package_cpus_list"),
+                &format!("{t}/package_cpus"),
+            )
+            .or_else(|| {
+                r.list_or_mask(
+                    &format!("{t}/core_siblings_list"),
+                    &format!("{t}/core_siblings"),
+                )
+            }),
+        die_cpus: r.list_or_mask(&format!("{t}/die_cpus_list"), &format!("{t}/die_cpus")),
+        cluster_cpus: r.list_or_mask(
+            &format!("{t}/cluster_cpus_list"),
+            &format!("{t}/cluster_cpus"),
+        ),
+        ..Default::default()
+    };
+    let cache = format!("{CPU_DIR}/cpu{cpu}/cache");
+    for idx in r.numbered(&cache, "index") {
+        let d = format!("{cache}/index{idx}");
+        let level: Option<u32> = r.num(&format!("{d}/level"));
+        let kind = r.read(&format!("{d}/type")).unwrap_or_default();
+        if kind == "Instruction" {
+            continue;
+        }
+        let shared = r.list_or_mask(
+            &format!("{d}/shared_cpu_list"),
+            &format!("{d}/shared_cpu_map"),
+        );
+        // Some kernels (ia64) leave the map empty: take the cache as the core's.
+        let shared = shared.map(|s| {
+            if s.is_empty() {
+                info.siblings
+                    .clone()
+                    .unwrap_or_else(|| std::iter::once(cpu).collect())
+            } else {
+                s
+            }
+        });
+        match level {
+            Some(2) => info.l2 = shared.or(info.l2),
+            Some(3) => info.l3 = shared.or(info.l3),
+            _ => {}
+        }
+    }
+    info.capacity = r
+        .num(&format!("{CPU_DIR}/cpu{cpu}/cpu_capacity"))
+        .or_else(|| r.num(&format!("{CPU_DIR}/cpu{cpu}/cpufreq/cpuinfo_max_freq")));
+    info
+}
+
+fn online_cpus(r: &Root) -> CpuSet {
+    if let Some(set) = r.list(&format!("{CPU_DIR}/online"))
+        && !set.is_empty()
+    {
+        return set;
+    }
+    // No `online` file: every cpuN directory whose own `online` is not 0.
+    r.numbered(CPU_DIR, "cpu")
+        .into_iter()
+        .filter(|c| r.read(&format!("{CPU_DIR}/cpu{c}/online")).as_deref() != Some("0"))
+        .collect()
+}
+
+/// Distinct sets (each intersected with `online`), in order of first CPU.
+fn distinct(sets: impl Iterator<Item = CpuSet>, online: &CpuSet) -> Vec<Group> {
+    let mut seen: Vec<CpuSet> = vec![];
+    for s in sets {
+        let s = s.intersection(online);
+        if !s.is_empty() && !seen.contains(&s) {
+            seen.push(s);
+        }
+    }
+    seen.sort_by_key(|s| s.first());
+    seen.into_iter()
+        .enumerate()
+        .map(|(id, cpus)| Group { id, cpus })
+        .collect()
+}
+
+/// Group CPUs by a numeric key (package id, core id) when no set file exists.
+fn by_key(online: &CpuSet, key: impl Fn(usize) -> Option<i64>) -> Vec<CpuSet> {
+    let mut map: BTreeMap<i64, CpuSet> = BTreeMap::new();
+    for cpu in online.iter() {
+        map.entry(key(cpu).unwrap_or(-1)).or_default().insert(cpu);
+    }
+    map.into_values().collect()
+}
+
+fn cpu_structure(t: &mut Topology, infos: &BTreeMap<usize, CpuInfo>) {
+    let online = t.online_cpus.clone();
+    // Packages: the package's CPU set where sysfs gives it, else the id.
+    let packages: Vec<CpuSet> = if infos.values().all(|i| i.package_cpus.is_some()) {
+        infos
+            .values()
+            .filter_map(|i| i.package_cpus.clone())
+            .collect()
+    } else {
+        by_key(&online, |c| infos[&c].package_id.filter(|id| *id >= 0))
+    };
+    t.packages = distinct(packages.into_iter(), &online);
+    let package_of = |cpu: usize| t.packages.iter().position(|p| p.cpus.contains(cpu));
+
+    // Cores: the sibling set; else (package, core_id); else one core per CPU.
+    let cores: Vec<CpuSet> = if infos.values().all(|i| i.siblings.is_some()) {
+        infos.values().filter_map(|i| i.siblings.clone()).collect()
+    } else if infos.values().all(|i| i.core_id.is_some()) {
+        by_key(&online, |c| {
+            Some(package_of(c).unwrap_or(0) as i64 * 1_000_000 + infos[&c].core_id?)
+        })
+    } else {
+        online
+            .iter()
+            .map(|c| std::iter::once(c).collect())
+            .collect()
+    };
+    let mut capacities = vec![];
+    t.cores = distinct(cores.into_iter(), &online)
+        .into_iter()
+        .map(|g| {
+            let capacity = g.cpus.iter().filter_map(|c| infos[&c].capacity).max();
+            capacities.push(capacity);
+            Core {
+                id: g.id,
+                package: g.cpus.first().and_then(package_of).unwrap_or(0),
+                cpus: g.cpus,
+                kind: None,
+                capacity,
+            }
+        })
+        .collect();
+    let known: Vec<u64> = capacities.iter().flatten().copied().collect();
+    if let (Some(&max), Some(&min)) = (known.iter().max(), known.iter().min())
+        && max != min
+    {
+        for core in &mut t.cores {
+            core.kind = core.capacity.map(|c| {
+                if c == max {
+                    "performance".to_string()
+                } else {
+                    "efficiency".to_string()
+                }
+            });
+        }
+        t.notes.push(format!(
+            "hybrid CPU: cores differ in capacity/max frequency ({min} to {max})"
+        ));
+    }
+
+    let group_if_split = |sets: Vec<CpuSet>| {
+        let g = distinct(sets.into_iter(), &online);
+        if g.len() > t.packages.len() {
+            g
+        } else {
+            vec![]
+        }
+    };
+    t.dies = group_if_split(infos.values().filter_map(|i| i.die_cpus.clone()).collect());
+    let clusters = group_if_split(
+        infos
+            .values()
+            .filter_map(|i| i.cluster_cpus.clone())
+            .collect(),
+    );
+    // A "cluster" that is just the core adds nothing.
+    t.clusters = if clusters.len() < t.cores.len() {
+        clusters
+    } else {
+        vec![]
+    };
+    t.l2_groups = distinct(infos.values().filter_map(|i| i.l2.clone()), &online);
+    t.l3_groups = distinct(infos.values().filter_map(|i| i.l3.clone()), &online);
+}
+
+fn numa(r: &Root, t: &mut Topology) {
+    let mut ids: Vec<usize> = r
+        .list(&format!("{NODE_DIR}/online"))
+        .map(|s| s.iter().collect())
+        .unwrap_or_default();
+    if ids.is_empty() {
+        ids = r.numbered(NODE_DIR, "node");
+    }
+    let mut rows: Vec<(usize, Vec<u64>)> = vec![];
+    for id in ids {
+        let d = format!("{NODE_DIR}/node{id}");
+        if !r.path(&d).is_dir() {
+            continue;
+        }
+        let cpus = r
+            .list_or_mask(&format!("{d}/cpulist"), &format!("{d}/cpumap"))
+            .unwrap_or_default()
+            .intersection(&t.online_cpus);
+        let memory_bytes = r
+            .read(&format!("{d}/meminfo"))
+            .and_then(|m| {
+                m.lines()
+                    .find(|l| l.contains("MemTotal:"))
+                    .and_then(|l| l.split_whitespace().rev().nth(1)?.parse::<u64>().ok())
+            })
+            .map_or(0, |kb| kb * 1024);
+        if let Some(row) = r.read(&format!("{d}/distance")) {
+            let row: Vec<u64> = row
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            rows.push((id, row));
+        }
+        t.numa_nodes.push(NumaNode {
+            id,
+            cpus,
+            memory_bytes,
+        });
+    }
+    // Each row lists distances to the online nodes in id order.
+    let ids: Vec<usize> = t.numa_nodes.iter().map(|n| n.id).collect();
+    let full = rows
+        .iter()
+        .filter(|(_, row)| row.len() == ids.len())
+        .count();
+    if ids.len() > 1 && full == ids.len() {
+        t.numa_distances = Some(Distances {
+            matrix: rows.into_iter().map(|(_, r)| r).collect(),
+            ids,
+        });
+    }
+    collapse_buggy_numa(t);
+}
+
+/// Firmware that lists every CPU in every node: one node, and say so.
+fn collapse_buggy_numa(t: &mut Topology) {
+    let with_cpus: Vec<&NumaNode> = t.numa_nodes.iter().filter(|n| !n.cpus.is_empty()).collect();
+    if with_cpus.len() < 2 || !with_cpus.iter().all(|n| n.cpus == t.online_cpus) {
+        return;
+    }
+    let ids: Vec<String> = with_cpus.iter().map(|n| n.id.to_string()).collect();
+    let merged = NumaNode {
+        id: with_cpus[0].id,
+        cpus: t.online_cpus.clone(),
+        memory_bytes: t.numa_nodes.iter().map(|n| n.memory_bytes).sum(),
+    };
+    t.notes.push(format!(
+        "firmware lists every CPU in every NUMA node ({}): treated as one node",
+        ids.join(",")
+    ));
+    t.numa_nodes = vec![merged];
+    t.numa_distances = None;
+}
+
+fn pci(r: &Root, t: &mut Topology) {
+    let Ok(rd) = std::fs::read_dir(r.path(PCI_DIR)) else {
+        return;
+    };
+    let mut names: Vec<String> = rd
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    for bus_id in names {
+        let d = format!("{PCI_DIR}/{bus_id}");
+        let hex = |f: &str| {
+            r.read(&format!("{d}/{f}"))
+                .and_then(|s| u32::from_str_radix(s.trim_start_matches("0x"), 16).ok())
+        };
+        let (Some(vendor), Some(class)) = (hex("vendor"), hex("class")) else {
+            continue;
+        };
+        let is_gpu = matches!(vendor, 0x10de | 0x1002) && class >> 16 == 0x03;
+        let is_nic = class >> 16 == 0x02 || (vendor == 0x15b3 && class >> 16 != 0x06);
+        if !is_gpu && !is_nic {
+            continue;
+        }
+        let local_cpus = r
+            .list_or_mask(&format!("{d}/local_cpulist"), &format!("{d}/local_cpus"))
+            .unwrap_or_default()
+            .intersection(&t.online_cpus);
+        let numa_node = r
+            .num::<i64>(&format!("{d}/numa_node"))
+            .filter(|n| *n >= 0)
+            .map(|n| n as usize);
+        let dev = PciDevice {
+            index: 0,
+            bus_id,
+            vendor: format!("0x{vendor:04x}"),
+            device: hex("device").map_or_else(String::new, |v| format!("0x{v:04x}")),
+            class: format!("0x{class:06x}"),
+            numa_node,
+            local_cpus,
+        };
+        if is_gpu {
+            t.gpus.push(dev);
+        } else {
+            t.nics.push(dev);
+        }
+    }
+}
+
+/// Read the machine below `root`. `live` adds this process's affinity mask.
+pub fn probe(root: &Path, live: bool) -> Result<Topology, TopologyError> {
+    let r = Root(root);
+    if !r.path(CPU_DIR).is_dir() {
+        return Err(TopologyError::NotARoot {
+            path: root.display().to_string(),
+        });
+    }
+    let mut t = Topology::empty(format!("sysfs:{}", root.display()));
+    t.online_cpus = online_cpus(&r);
+    if t.online_cpus.is_empty() {
+        return Err(TopologyError::NoCpus {
+            path: root.display().to_string(),
+        });
+    }
+    let infos: BTreeMap<usize, CpuInfo> =
+        t.online_cpus.iter().map(|c| (c, read_cpu(&r, c))).collect();
+    cpu_structure(&mut t, &infos);
+    numa(&r, &mut t);
+    if t.numa_nodes.iter().all(|n| n.cpus.is_empty()) {
+        // No NUMA information (or none with CPUs): one node holding everything.
+        let memory_bytes = t.numa_nodes.iter().map(|n| n.memory_bytes).sum::<u64>();
+        let memory_bytes = if memory_bytes > 0 {
+            memory_bytes
+        } else {
+            meminfo_total(&r)
+        };
+        t.numa_nodes = vec![NumaNode {
+            id: 0,
+            cpus: t.online_cpus.clone(),
+            memory_bytes,
+        }];
+        t.numa_distances = None;
+    }
+    pci(&r, &mut t);
+    let cg = cgroup::probe(root);
+    t.limits.cgroup_version = cg.version.map(str::to_string);
+    t.limits.cgroup_path = cg.path;
+    t.limits.cgroup_cpuset = cg.cpuset;
+    t.limits.cpu_quota = cg.quota;
+    if live {
+        t.limits.affinity = crate::os::get_affinity().ok();
+    }
+    t.finish();
+    if t.allowed_cpus.is_empty() {
+        t.notes.push(
+            "the allowed CPU set is empty (cgroup cpuset and online CPUs do not meet)".into(),
+        );
+    }
+    Ok(t)
+}
+
+fn meminfo_total(r: &Root) -> u64 {
+    r.read("proc/meminfo")
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
