@@ -1,1 +1,86 @@
-fn main() {}
+//! `cargo bench`: how long topology discovery and planning take, in
+//! milliseconds (median and min-max of repeated runs). Goal: under 20 ms for
+//! `topo` and `plan` on the live machine, end to end as a process.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use threadwise::plan::{Facts, NProc, PlanRequest, plan};
+use threadwise::topology::{synthetic, sysfs};
+
+fn measure(name: &str, runs: usize, mut f: impl FnMut()) {
+    f(); // warm-up
+    let mut t: Vec<Duration> = (0..runs)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed()
+        })
+        .collect();
+    t.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "{name:<52} median {:>8.3} ms   min {:>8.3}   max {:>8.3}   ({runs} runs)",
+        ms(t[runs / 2]),
+        ms(t[0]),
+        ms(t[runs - 1])
+    );
+}
+
+fn main() {
+    let live = || sysfs::probe(Path::new("/"), true).unwrap();
+    measure("probe live machine (library)", 200, || {
+        std::hint::black_box(live());
+    });
+    let topo = live();
+    let req = PlanRequest {
+        nproc: NProc::Count(topo.cores.len()),
+        ..Default::default()
+    };
+    measure(
+        "plan live machine, one rank per core (library)",
+        200,
+        || {
+            std::hint::black_box(plan(&topo, &req, &Facts::default()).unwrap());
+        },
+    );
+    let big_desc = "package:8 numa:4 l3:8 core:8 pu:2 gpu:64";
+    let big = synthetic::parse(big_desc).unwrap();
+    assert_eq!(big.online_cpus.len(), 4096);
+    measure("build synthetic 4096-CPU machine (library)", 20, || {
+        std::hint::black_box(synthetic::parse(big_desc).unwrap());
+    });
+    let req64 = PlanRequest::default();
+    measure("plan 4096 CPUs, 64 GPU ranks (library)", 20, || {
+        std::hint::black_box(plan(&big, &req64, &Facts::default()).unwrap());
+    });
+    let req_cpu = PlanRequest {
+        nproc: NProc::Count(256),
+        gpus: threadwise::plan::GpuSelect::None,
+        ..Default::default()
+    };
+    measure("plan 4096 CPUs, 256 CPU ranks (library)", 20, || {
+        std::hint::black_box(plan(&big, &req_cpu, &Facts::default()).unwrap());
+    });
+    let bin = env!("CARGO_BIN_EXE_threadwise");
+    let run = |args: &[&str]| {
+        let out = Command::new(bin).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    measure("process: threadwise topo --json", 50, || {
+        run(&["topo", "--json"])
+    });
+    measure("process: threadwise plan --json", 50, || {
+        run(&["plan", "--json"])
+    });
+    measure(
+        "process: threadwise plan --json --synthetic <4096 CPUs>",
+        20,
+        || run(&["plan", "--json", "--synthetic", big_desc]),
+    );
+}

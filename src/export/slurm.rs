@@ -32,11 +32,12 @@ impl Exporter for Slurm {
             plan.nproc,
             quote(&format!("ALL,{}", shared.join(",")))
         );
+        let mut bind = vec![ctx.program.clone(), "bind".to_string()];
+        bind.extend(request_args(&plan.request));
         out.push_str(&format!(
-            "# or, with every per-rank variable: srun --ntasks-per-node={} --cpu-bind=none {} bind {} -- {cmd}\n",
+            "# or, with every per-rank variable: srun --ntasks-per-node={} --cpu-bind=none {} -- {cmd}\n",
             plan.nproc,
-            ctx.program,
-            super::quote_all(&request_args(&plan.request))
+            super::quote_all(&bind)
         ));
         Ok(out)
     }

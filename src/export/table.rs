@@ -61,8 +61,15 @@ impl Exporter for Table {
             for r in &plan.reasons {
                 out.push_str(&format!("  - {r}\n"));
             }
+            // A reason every rank shares is said once.
+            let shared = |r: &String| {
+                plan.ranks.len() > 1 && plan.ranks.iter().all(|k| k.reasons.contains(r))
+            };
+            for r in plan.ranks[0].reasons.iter().filter(|r| shared(r)) {
+                out.push_str(&format!("  - every rank: {r}\n"));
+            }
             for rank in &plan.ranks {
-                for r in &rank.reasons {
+                for r in rank.reasons.iter().filter(|r| !shared(r)) {
                     out.push_str(&format!("  - rank {}: {r}\n", rank.local_rank));
                 }
             }

@@ -55,12 +55,27 @@ fn core_units(topo: &Topology) -> Vec<Unit> {
             .iter()
             .map(|c| std::iter::once(c).collect()),
     );
-    let l3_of = |s: &CpuSet| topo.l3_groups.iter().position(|g| g.cpus.intersects(s));
+    // CPU -> L3 group and CPU -> node tables: one pass over the groups instead
+    // of a set intersection per core and group (4096-CPU machines).
+    let width = topo.online_cpus.last().map_or(0, |c| c + 1);
+    let mut l3_of = vec![None; width];
+    for (i, g) in topo.l3_groups.iter().enumerate() {
+        for c in g.cpus.iter().filter(|c| *c < width) {
+            l3_of[c].get_or_insert(i);
+        }
+    }
+    let mut node_of = vec![None; width];
+    for n in &topo.numa_nodes {
+        for c in n.cpus.iter().filter(|c| *c < width) {
+            node_of[c].get_or_insert(n.id);
+        }
+    }
+    let first = |s: &CpuSet| s.first().filter(|c| *c < width);
     let mut units: Vec<(Option<usize>, Option<usize>, Unit)> = sets
         .into_iter()
         .map(|cpus| {
-            let node = topo.node_of_set(&cpus);
-            let l3 = l3_of(&cpus);
+            let node = first(&cpus).and_then(|c| node_of[c]);
+            let l3 = first(&cpus).and_then(|c| l3_of[c]);
             (
                 node,
                 l3,
@@ -151,7 +166,9 @@ fn assign_exclusive(
         .map(|(node, ranks)| on_node(*node).len() / ranks.len())
         .filter(|s| *s > 0)
         .min()
-        .unwrap_or(units.len() / n)
+        .unwrap_or(units.len())
+        // Ranks whose node is short take their share elsewhere: all must fit.
+        .min(units.len() / n)
         .max(1);
     let mut out: Vec<Vec<usize>> = vec![vec![]; n];
     let mut used = vec![false; units.len()];
@@ -194,12 +211,6 @@ fn assign_exclusive(
             ),
             None => format!("its GPU's NUMA node is unknown: {share} {unit_name}s on node(s) {got:?}"),
         });
-    }
-    let idle = used.iter().filter(|u| !**u).count();
-    if idle > 0 {
-        reasons[0].push(format!(
-            "{idle} allowed {unit_name}(s) stay idle: they are not on a GPU's node, or ranks are kept equal"
-        ));
     }
     Some(out)
 }
@@ -273,6 +284,22 @@ pub fn place(
         ));
         (0..n).map(|i| vec![i % units.len()]).collect::<Vec<_>>()
     };
+    // Units no rank got, said once for the whole plan.
+    let idle_note =
+        |assign: &[Vec<usize>], units: &[Unit], what: &str, plan_reasons: &mut Vec<String>| {
+            let used: std::collections::BTreeSet<usize> =
+                assign.iter().flatten().copied().collect();
+            let idle: CpuSet = (0..units.len())
+                .filter(|u| !used.contains(u))
+                .fold(CpuSet::new(), |a, u| a.union(&units[u].cpus));
+            if !idle.is_empty() {
+                plan_reasons.push(format!(
+                "{} allowed {what}(s) stay idle (CPUs {idle}): not on a GPU's node, or left over \
+                 to keep ranks equal",
+                units.len() - used.len()
+            ));
+            }
+        };
     match req.policy {
         Policy::None => {
             plan_reasons
@@ -338,6 +365,7 @@ pub fn place(
                 None if req.oversubscribe => round_robin(&l3, plan_reasons),
                 None => return Err(too_few(l3.len(), "L3 group", &l3)),
             };
+            idle_note(&assign, &l3, "L3 group", plan_reasons);
             Ok(slices(assign, &l3, reasons))
         }
         Policy::Exclusive | Policy::Single => {
@@ -346,6 +374,7 @@ pub fn place(
                 None if req.oversubscribe => round_robin(&cores, plan_reasons),
                 None => return Err(too_few(cores.len(), "physical core", &cores)),
             };
+            idle_note(&assign, &cores, "core", plan_reasons);
             if req.policy == Policy::Single {
                 for a in &mut assign {
                     a.truncate(1);

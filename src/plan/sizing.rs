@@ -107,7 +107,7 @@ fn seed(
     let world = nproc * req.nnodes.max(1);
     let cap = if req.amp { 2 } else { 4 };
     let threads = (cpu_count / world).max(1).min(cap);
-    let workers = (cpu_count / world).saturating_sub(1).max(1).min(4);
+    let workers = (cpu_count / world).saturating_sub(1).clamp(1, 4);
     reasons.push(format!(
         "seed profile: threads = min({cap}, max(1, {cpu_count} // {world})) = {threads}; \
          workers = min(4, max(1, {cpu_count} // {world} - 1)) = {workers}"

@@ -1,3 +1,5 @@
+use proptest::prelude::*;
+
 use super::*;
 use crate::topology::synthetic;
 
@@ -16,4 +18,232 @@ fn two_cpu_ranks_on_two_cores() {
     assert_eq!(p.ranks[1].cpus.to_string(), "1");
     assert_eq!(p.ranks[0].threads, 1);
     assert_eq!(p.ranks[0].env["OMP_NUM_THREADS"], "1");
+    assert_eq!(p.ranks[1].env["THREADWISE_CPUS"], "1");
+}
+
+#[test]
+fn quota_caps_threads() {
+    let t = synthetic::parse("core:8 quota:2").unwrap();
+    let p = plan(&t, &req(2), &Facts::default()).unwrap();
+    assert_eq!(p.ranks[0].cores, 4);
+    assert_eq!(p.ranks[0].threads, 1, "2 CPUs of quota over 2 ranks");
+    assert!(p.ranks[0].reasons.iter().any(|r| r.contains("budget")));
+}
+
+#[test]
+fn seed_profile_is_the_guides_formula() {
+    // 16 CPUs, 2 ranks per node, 4 nodes: world 8 -> threads min(4, 16 // 8) = 2,
+    // workers min(4, max(1, 16 // 8 - 1)) = 1.
+    let t = synthetic::parse("core:16").unwrap();
+    let r = PlanRequest {
+        profile: Profile::Seed,
+        nnodes: 4,
+        ..req(2)
+    };
+    let p = plan(&t, &r, &Facts::default()).unwrap();
+    assert_eq!((p.ranks[0].threads, p.ranks[0].workers), (2, 1));
+    let amp = PlanRequest {
+        amp: true,
+        nnodes: 1,
+        ..r
+    };
+    let p = plan(&t, &amp, &Facts::default()).unwrap();
+    assert_eq!((p.ranks[0].threads, p.ranks[0].workers), (2, 4));
+    // Under a cgroup it still counts every online CPU, and says so.
+    let t = synthetic::parse("core:16 allowed:0-3").unwrap();
+    let p = plan(
+        &t,
+        &PlanRequest {
+            profile: Profile::Seed,
+            ..req(2)
+        },
+        &Facts::default(),
+    )
+    .unwrap();
+    assert_eq!(p.ranks[0].threads, 4);
+    assert!(
+        p.ranks[0]
+            .reasons
+            .iter()
+            .any(|r| r.contains("os.cpu_count() = 16"))
+    );
+}
+
+#[test]
+fn allocator_choice() {
+    let t = synthetic::parse("core:2").unwrap();
+    let je = Allocator {
+        kind: AllocatorKind::Jemalloc,
+        path: "/x/libjemalloc.so.2".into(),
+    };
+    let facts = Facts {
+        allocators: vec![je.clone()],
+    };
+    let auto = PlanRequest {
+        allocator: AllocatorChoice::Auto,
+        ..req(1)
+    };
+    let p = plan(&t, &auto, &facts).unwrap();
+    assert_eq!(p.ranks[0].env["LD_PRELOAD"], "/x/libjemalloc.so.2");
+    let p = plan(&t, &auto, &Facts::default()).unwrap();
+    assert!(!p.ranks[0].env.contains_key("LD_PRELOAD"));
+    let tc = PlanRequest {
+        allocator: AllocatorChoice::Tcmalloc,
+        ..req(1)
+    };
+    assert!(matches!(
+        plan(&t, &tc, &facts),
+        Err(PlanError::AllocatorMissing { .. })
+    ));
+}
+
+#[test]
+fn gpu_list_sets_visible_devices_and_ordinals() {
+    let t = synthetic::parse("package:2 core:4 gpu:4").unwrap();
+    let r = PlanRequest {
+        gpus: GpuSelect::List(vec![3, 1]),
+        ..Default::default()
+    };
+    let p = plan(&t, &r, &Facts::default()).unwrap();
+    assert_eq!(p.nproc, 2);
+    assert_eq!(p.ranks[0].gpu.as_deref(), Some("0000:04:00.0"));
+    assert_eq!(p.ranks[0].gpu_ordinal, Some(0));
+    assert_eq!(p.ranks[0].env["CUDA_VISIBLE_DEVICES"], "3,1");
+    assert_eq!(p.ranks[0].mem_nodes, vec![1]);
+}
+
+#[test]
+fn gpu_on_a_cpuless_or_disallowed_node_goes_to_the_nearest() {
+    // Node 1 is outside the allowed set: its GPU's rank goes to node 0.
+    let t = synthetic::parse("package:2 core:4 gpu:2 allowed:0-3").unwrap();
+    let p = plan(&t, &req(2), &Facts::default()).unwrap();
+    assert_eq!(p.ranks[0].cpus.to_string(), "0-1");
+    assert_eq!(p.ranks[1].cpus.to_string(), "2-3");
+    assert!(
+        p.ranks[1]
+            .reasons
+            .iter()
+            .any(|r| r.contains("too few allowed CPUs"))
+    );
+}
+
+#[test]
+fn omp_bind_only_when_asked() {
+    let t = synthetic::parse("core:2").unwrap();
+    let p = plan(&t, &req(1), &Facts::default()).unwrap();
+    assert!(
+        !p.ranks[0]
+            .env
+            .keys()
+            .any(|k| k.starts_with("KMP_") || k.starts_with("OMP_PROC"))
+    );
+    let p = plan(
+        &t,
+        &PlanRequest {
+            omp_bind: true,
+            ..req(1)
+        },
+        &Facts::default(),
+    )
+    .unwrap();
+    assert_eq!(p.ranks[0].env["OMP_PROC_BIND"], "close");
+}
+
+/// A random machine: description, GPU count.
+fn machine() -> impl Strategy<Value = (String, usize)> {
+    (
+        1usize..=2,
+        1usize..=4,
+        1usize..=3,
+        1usize..=6,
+        1usize..=2,
+        0usize..=8,
+        any::<u64>(),
+        proptest::option::of(any::<u64>()),
+    )
+        .prop_map(|(pk, numa, l3, core, pu, gpus, seed, allowed_seed)| {
+            let nodes = pk * numa;
+            let mut d = format!("package:{pk} numa:{numa} l3:{l3} core:{core} pu:{pu}");
+            if gpus > 0 {
+                let list: Vec<String> = (0..gpus)
+                    .map(|i| ((seed >> (i * 3)) as usize % nodes).to_string())
+                    .collect();
+                d.push_str(&format!(" gpu-nodes:{}", list.join(",")));
+            }
+            if let Some(s) = allowed_seed {
+                let total = pk * numa * l3 * core * pu;
+                let allowed: Vec<String> = (0..total)
+                    .filter(|i| (s >> (i % 64)) & 1 == 1 || *i == 0)
+                    .map(|i| i.to_string())
+                    .collect();
+                d.push_str(&format!(" allowed:{}", allowed.join(",")));
+            }
+            (d, gpus)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn exclusive_invariants((desc, gpus) in machine(), n in 1usize..=12, use_gpus in any::<bool>()) {
+        let t = synthetic::parse(&desc).unwrap();
+        let gsel = if use_gpus && gpus > 0 { GpuSelect::Auto } else { GpuSelect::None };
+        let n = if gsel == GpuSelect::Auto { n.min(gpus) } else { n };
+        let r = PlanRequest { gpus: gsel.clone(), ..req(n) };
+        let cores: Vec<CpuSet> = t.cores.iter().map(|c| c.cpus.intersection(&t.allowed_cpus)).filter(|c| !c.is_empty()).collect();
+        let p = match plan(&t, &r, &Facts::default()) {
+            Ok(p) => p,
+            Err(PlanError::TooFewCpus { .. }) => {
+                prop_assert!(n > cores.len());
+                return Ok(());
+            }
+            Err(e) => return Err(TestCaseError::fail(format!("{desc}: {e}"))),
+        };
+        prop_assert_eq!(p.ranks.len(), n);
+        for (i, a) in p.ranks.iter().enumerate() {
+            prop_assert!(!a.cpus.is_empty());
+            prop_assert!(a.cpus.is_subset(&t.allowed_cpus), "rank {} {} outside allowed {}", i, a.cpus, t.allowed_cpus);
+            prop_assert!(a.threads >= 1 && a.threads <= a.cores, "threads {} cores {}", a.threads, a.cores);
+            // SMT siblings stay with their core.
+            for c in &cores {
+                prop_assert!(!c.intersects(&a.cpus) || c.is_subset(&a.cpus));
+            }
+            for b in &p.ranks[i + 1..] {
+                prop_assert!(!a.cpus.intersects(&b.cpus), "ranks overlap: {} {}", a.cpus, b.cpus);
+            }
+        }
+        let sizes: Vec<usize> = p.ranks.iter().map(|r| r.cores).collect();
+        let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+        prop_assert!(hi - lo <= 1, "unbalanced: {:?}", sizes);
+        if gsel == GpuSelect::Auto {
+            // On its GPU's node whenever that node has a core for each of its ranks.
+            for (i, rank) in p.ranks.iter().enumerate() {
+                let node = t.gpus[i].numa_node.unwrap();
+                let on_node = t.gpus[..n].iter().filter(|g| g.numa_node == Some(node)).count();
+                let node_cpus = &t.numa_nodes.iter().find(|x| x.id == node).unwrap().cpus;
+                let free = cores.iter().filter(|c| c.is_subset(node_cpus)).count();
+                if free >= on_node {
+                    prop_assert!(rank.cpus.is_subset(node_cpus), "rank {} {} not on node {}", i, rank.cpus, node);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_policy_stays_inside_the_allowed_set((desc, _g) in machine(), n in 1usize..=6, pol in 0usize..6, quota in proptest::option::of(1u32..8)) {
+        let desc = match quota { Some(q) => format!("{desc} quota:{q}"), None => desc };
+        let t = synthetic::parse(&desc).unwrap();
+        let policy = [Policy::Exclusive, Policy::Node, Policy::Socket, Policy::L3, Policy::Single, Policy::None][pol];
+        let r = PlanRequest { policy, oversubscribe: true, ..req(n) };
+        let p = plan(&t, &r, &Facts::default()).unwrap();
+        let cap = ((t.cpu_budget / n as f64).floor() as usize).max(1);
+        for rank in &p.ranks {
+            prop_assert!(!rank.cpus.is_empty());
+            prop_assert!(rank.cpus.is_subset(&t.allowed_cpus));
+            prop_assert!(rank.threads >= 1 && rank.threads <= cap.max(1), "threads {} > budget cap {}", rank.threads, cap);
+            prop_assert!(rank.worker_cpus.is_subset(&rank.cpus));
+            prop_assert_eq!(&rank.env["OMP_NUM_THREADS"], &rank.threads.to_string());
+        }
+    }
 }

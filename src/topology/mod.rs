@@ -103,8 +103,8 @@ impl Distances {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PciDevice {
-    /// Index in PCI bus order among the devices of its kind (what CUDA numbers
-    /// with CUDA_DEVICE_ORDER=PCI_BUS_ID).
+    /// Index in PCI bus order among all devices of its kind on the machine (what
+    /// CUDA numbers with CUDA_DEVICE_ORDER=PCI_BUS_ID and no CUDA_VISIBLE_DEVICES).
     pub index: usize,
     pub bus_id: String,
     pub vendor: String,
@@ -247,14 +247,9 @@ impl Topology {
             }
         }
         let all = std::mem::take(&mut self.gpus);
-        self.gpus = keep
-            .iter()
-            .enumerate()
-            .map(|(new, &old)| PciDevice {
-                index: new,
-                ..all[old].clone()
-            })
-            .collect();
+        // `index` stays the physical PCI-order index (what CUDA_VISIBLE_DEVICES
+        // names); a GPU's place in the list is its CUDA ordinal.
+        self.gpus = keep.iter().map(|&old| all[old].clone()).collect();
         self.notes.push(format!(
             "CUDA_VISIBLE_DEVICES={visible}: {} of {} GPUs visible",
             self.gpus.len(),
@@ -280,7 +275,7 @@ mod tests {
         let mut t = synthetic::parse("package:1 core:4 pu:1 gpu:4").unwrap();
         t.restrict_gpus("2,0").unwrap();
         assert_eq!(t.gpus.len(), 2);
-        assert_eq!(t.gpus[0].index, 0);
+        assert_eq!(t.gpus[0].index, 2);
         assert_eq!(t.gpus[0].bus_id, "0000:03:00.0");
         let mut t = synthetic::parse("package:1 core:4 pu:1 gpu:4").unwrap();
         t.restrict_gpus("1,7,2").unwrap();

@@ -63,7 +63,7 @@ fn parse_spec(text: &str) -> Result<Spec, TopologyError> {
             .ok_or_else(|| err(format!("{tok:?} is not key:value")))?;
         let count = || -> Result<usize, TopologyError> {
             match val.parse::<usize>() {
-                Ok(n) if n >= 1 && n <= MAX_CPU => Ok(n),
+                Ok(n) if (1..=MAX_CPU).contains(&n) => Ok(n),
                 _ => Err(err(format!(
                     "{key}:{val}: expected a count from 1 to {MAX_CPU}"
                 ))),

@@ -171,7 +171,7 @@ fn by_key(online: &CpuSet, key: impl Fn(usize) -> Option<i64>) -> Vec<CpuSet> {
     map.into_values().collect()
 }
 
-fn cpu_structure(t: &mut Topology, infos: &BTreeMap<usize, CpuInfo>) {
+fn cpu_structure(r: &Root, t: &mut Topology, infos: &BTreeMap<usize, CpuInfo>) {
     let online = t.online_cpus.clone();
     // Packages: the package's CPU set where sysfs gives it, else the id.
     let packages: Vec<CpuSet> = if infos.values().all(|i| i.package_cpus.is_some()) {
@@ -213,24 +213,7 @@ fn cpu_structure(t: &mut Topology, infos: &BTreeMap<usize, CpuInfo>) {
             }
         })
         .collect();
-    let known: Vec<u64> = capacities.iter().flatten().copied().collect();
-    if let (Some(&max), Some(&min)) = (known.iter().max(), known.iter().min())
-        && max != min
-    {
-        for core in &mut t.cores {
-            core.kind = core.capacity.map(|c| {
-                if c == max {
-                    "performance".to_string()
-                } else {
-                    "efficiency".to_string()
-                }
-            });
-        }
-        t.notes.push(format!(
-            "hybrid CPU: cores differ in capacity/max frequency ({min} to {max})"
-        ));
-    }
-
+    mark_hybrid(t, &capacities, r);
     let group_if_split = |sets: Vec<CpuSet>| {
         let g = distinct(sets.into_iter(), &online);
         if g.len() > t.packages.len() {
@@ -254,6 +237,58 @@ fn cpu_structure(t: &mut Topology, infos: &BTreeMap<usize, CpuInfo>) {
     };
     t.l2_groups = distinct(infos.values().filter_map(|i| i.l2.clone()), &online);
     t.l3_groups = distinct(infos.values().filter_map(|i| i.l3.clone()), &online);
+}
+
+/// Hybrid CPUs: Intel lists its E-cores in /sys/devices/cpu_atom/cpus; else
+/// split core capacities (cpu_capacity, or max frequency) at their largest gap
+/// when the fastest is over 15% above the slowest (turbo-favoured cores differ
+/// by a few percent and are not another kind).
+fn mark_hybrid(t: &mut Topology, capacities: &[Option<u64>], r: &Root) {
+    let atoms = r
+        .list("sys/devices/cpu_atom/cpus")
+        .filter(|s| !s.is_empty());
+    let threshold = if atoms.is_some() {
+        None
+    } else {
+        let mut known: Vec<u64> = capacities.iter().flatten().copied().collect();
+        known.sort_unstable();
+        known.dedup();
+        let (Some(&min), Some(&max)) = (known.first(), known.last()) else {
+            return;
+        };
+        if min == 0 || (max as f64) < min as f64 * 1.15 {
+            return;
+        }
+        // The upper side of the largest ratio gap between consecutive values.
+        known
+            .windows(2)
+            .max_by(|a, b| (a[1] as f64 / a[0] as f64).total_cmp(&(b[1] as f64 / b[0] as f64)))
+            .map(|w| w[1])
+    };
+    for core in &mut t.cores {
+        let efficient = match (&atoms, threshold) {
+            (Some(a), _) => core.cpus.is_subset(a),
+            (None, Some(th)) => core.capacity.is_some_and(|c| c < th),
+            _ => false,
+        };
+        core.kind = Some(
+            if efficient {
+                "efficiency"
+            } else {
+                "performance"
+            }
+            .to_string(),
+        );
+    }
+    let e = t
+        .cores
+        .iter()
+        .filter(|c| c.kind.as_deref() == Some("efficiency"))
+        .count();
+    t.notes.push(format!(
+        "hybrid CPU: {} performance and {e} efficiency cores",
+        t.cores.len() - e
+    ));
 }
 
 fn numa(r: &Root, t: &mut Topology) {
@@ -394,7 +429,7 @@ pub fn probe(root: &Path, live: bool) -> Result<Topology, TopologyError> {
     }
     let infos: BTreeMap<usize, CpuInfo> =
         t.online_cpus.iter().map(|c| (c, read_cpu(&r, c))).collect();
-    cpu_structure(&mut t, &infos);
+    cpu_structure(&r, &mut t, &infos);
     numa(&r, &mut t);
     if t.numa_nodes.iter().all(|n| n.cpus.is_empty()) {
         // No NUMA information (or none with CPUs): one node holding everything.

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh Debian machine as root: installs what the
+# tests need (hwloc's lstopo as the topology oracle), then fmt, clippy, tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v lstopo-no-graphics >/dev/null || need+=(hwloc-nox)
+command -v tar >/dev/null || need+=(tar)
+if ((${#need[@]})); then
+  echo "installing: ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+
+cargo fmt --all -- --check
+cargo clippy --all-targets --locked -- -D warnings
+cargo test --locked

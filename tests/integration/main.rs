@@ -1,0 +1,32 @@
+//! One integration-test binary: the real `threadwise` binary against real
+//! machine dumps, real cgroups and real processes.
+
+mod cgroups;
+mod cli;
+mod plans;
+mod topologies;
+
+use std::path::PathBuf;
+
+/// `../shared/topologies` relative to the project root.
+pub fn shared(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/topologies")
+        .join(rel)
+}
+
+pub fn threadwise() -> assert_cmd::Command {
+    assert_cmd::Command::cargo_bin("threadwise").expect("binary built")
+}
+
+/// A scratch directory on tmpfs when there is one: the dumps hold thousands of
+/// small files, and creating them on this machine's disk costs ~0.6 ms each.
+pub fn scratch() -> tempfile::TempDir {
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(d) = tempfile::tempdir_in(shm) {
+            return d;
+        }
+    }
+    tempfile::tempdir().unwrap()
+}
