@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian machine as root: installs what the
-# tests need (hwloc's lstopo as the topology oracle), then fmt, clippy, tests.
+# tests need (hwloc's lstopo as the topology oracle, Open MPI's mpirun, the
+# jemalloc and tcmalloc libraries), then fmt, clippy, tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
 command -v lstopo-no-graphics >/dev/null || need+=(hwloc-nox)
 command -v tar >/dev/null || need+=(tar)
+command -v mpirun >/dev/null || need+=(openmpi-bin)
+# Allocators for the preload tests (threadwise itself only looks them up).
+ls /usr/lib/*/libjemalloc.so.2 >/dev/null 2>&1 || need+=(libjemalloc2)
+ls /usr/lib/*/libtcmalloc.so.4 >/dev/null 2>&1 || need+=(libgoogle-perftools4)
 if ((${#need[@]})); then
   echo "installing: ${need[*]}"
   apt-get update -qq

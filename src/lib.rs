@@ -5,6 +5,7 @@ pub mod cli;
 pub mod cpuset;
 pub mod export;
 pub mod host;
+pub mod launch;
 pub mod os;
 pub mod plan;
 pub mod topology;

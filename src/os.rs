@@ -1,5 +1,7 @@
-//! The syscalls placement needs, in one place: reading and setting the CPU
-//! affinity mask at any width (not only glibc's 1024-bit `cpu_set_t`).
+//! The syscalls placement needs, in one place: the CPU affinity mask at any
+//! width (not only glibc's 1024-bit `cpu_set_t`), the NUMA memory policy, and
+//! the process-lifetime knobs a launcher needs. The `*_raw` functions make no
+//! allocation, so they are safe between fork and exec.
 
 use crate::cpuset::{CpuSet, MAX_CPU};
 
@@ -32,19 +34,132 @@ pub fn get_affinity() -> std::io::Result<CpuSet> {
     }
 }
 
-/// Set the affinity of the calling thread (pid 0) to `cpus`, at any width.
-pub fn set_affinity(cpus: &CpuSet) -> std::io::Result<()> {
+/// Affinity mask words for `cpus`, padded to at least 1024 bits.
+pub fn mask_words(cpus: &CpuSet) -> Vec<u64> {
     let mut buf = cpus.words().to_vec();
-    if buf.is_empty() {
+    buf.resize(buf.len().max(16), 0);
+    buf
+}
+
+/// `set_mempolicy` modes (linux/mempolicy.h).
+pub const MPOL_DEFAULT: i32 = 0;
+pub const MPOL_PREFERRED: i32 = 1;
+pub const MPOL_BIND: i32 = 2;
+pub const MPOL_INTERLEAVE: i32 = 3;
+pub const MPOL_LOCAL: i32 = 4;
+
+/// A placement prepared before fork: plain words, nothing to allocate later.
+#[derive(Debug, Clone, Default)]
+pub struct Placement {
+    /// Affinity mask words (least significant first), or None to leave it.
+    pub cpus: Option<Vec<u64>>,
+    /// Memory policy mode and node mask words, or None to leave it.
+    pub mem: Option<(i32, Vec<u64>)>,
+}
+
+impl Placement {
+    /// Apply to the calling thread (inherited by fork and kept across exec).
+    /// Async-signal-safe: only syscalls on memory prepared beforehand.
+    pub fn apply(&self) -> Result<(), (&'static str, std::io::Error)> {
+        if let Some(words) = &self.cpus {
+            set_affinity_raw(words).map_err(|e| ("sched_setaffinity", e))?;
+        }
+        if let Some((mode, nodes)) = &self.mem {
+            set_mempolicy_raw(*mode, nodes).map_err(|e| ("set_mempolicy", e))?;
+        }
+        Ok(())
+    }
+}
+
+/// sched_setaffinity(0, words): the calling thread.
+pub fn set_affinity_raw(words: &[u64]) -> std::io::Result<()> {
+    if words.iter().all(|w| *w == 0) {
         return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
     }
-    buf.resize(buf.len().max(16), 0);
-    // SAFETY: buf is valid for buf.len() * 8 bytes, which is the size we pass.
-    let r = unsafe { libc::syscall(libc::SYS_sched_setaffinity, 0, buf.len() * 8, buf.as_ptr()) };
+    // SAFETY: words is valid for words.len() * 8 bytes, which is the size we pass.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_setaffinity,
+            0,
+            words.len() * 8,
+            words.as_ptr(),
+        )
+    };
     if r < 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// set_mempolicy(mode, nodes): the calling thread's NUMA memory policy.
+pub fn set_mempolicy_raw(mode: i32, nodes: &[u64]) -> std::io::Result<()> {
+    let (ptr, maxnode) = if nodes.is_empty() || mode == MPOL_LOCAL || mode == MPOL_DEFAULT {
+        (std::ptr::null(), 0)
+    } else {
+        (nodes.as_ptr(), nodes.len() * 64 + 1)
+    };
+    // SAFETY: ptr is null or valid for nodes.len() words; maxnode - 1 bits are read.
+    let r = unsafe { libc::syscall(libc::SYS_set_mempolicy, mode, ptr, maxnode) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Ask for SIGKILL when the parent dies; false when the parent is already gone.
+/// Async-signal-safe.
+pub fn die_with_parent(parent: libc::pid_t) -> bool {
+    // SAFETY: plain syscalls with integer arguments.
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+        libc::getppid() == parent
+    }
+}
+
+/// Become the reaper of orphaned descendants, so none can outlive us unseen.
+pub fn become_subreaper() {
+    // SAFETY: plain syscall with integer arguments.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0);
+    }
+}
+
+/// Send a signal to a whole process group; ESRCH (already gone) is fine.
+pub fn kill_group(pgid: libc::pid_t, sig: i32) {
+    if pgid > 0 {
+        // SAFETY: plain syscall with integer arguments.
+        unsafe {
+            libc::kill(-pgid, sig);
+        }
+    }
+}
+
+/// Conventional signal names, for messages.
+pub fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGUSR2 => "SIGUSR2",
+        _ => return format!("signal {sig}"),
+    };
+    name.to_string()
 }
 
 #[cfg(test)]
@@ -58,5 +173,37 @@ mod tests {
         let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
         let online = CpuSet::parse_list(&online).unwrap();
         assert!(a.is_subset(&online) || online.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod placement_tests {
+    use super::*;
+
+    #[test]
+    fn placement_applies_in_a_thread() {
+        let mine = get_affinity().unwrap();
+        let first = mine.first().unwrap();
+        let one: CpuSet = std::iter::once(first).collect();
+        let p = Placement {
+            cpus: Some(mask_words(&one)),
+            mem: Some((MPOL_PREFERRED, vec![1])),
+        };
+        let got = std::thread::spawn(move || {
+            p.apply().unwrap();
+            let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+            (get_affinity().unwrap(), status)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(got.0, one);
+        assert!(got.1.contains(&format!("Cpus_allowed_list:\t{first}\n")));
+        let empty = Placement {
+            cpus: Some(vec![0; 16]),
+            mem: None,
+        };
+        assert_eq!(empty.apply().unwrap_err().0, "sched_setaffinity");
+        assert_eq!(signal_name(9), "SIGKILL");
+        assert_eq!(signal_name(63), "signal 63");
     }
 }

@@ -1,6 +1,7 @@
 //! clap definitions. Only what the user typed is checked here; objects are
 //! built from these values afterwards.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -25,6 +26,10 @@ pub enum Command {
     Topo(TopoArgs),
     /// Plan each local rank's cores, memory node, GPU, threads, workers and environment
     Plan(PlanCmd),
+    /// Launch the ranks on this node with the plan (a drop-in for torchrun --standalone)
+    Run(RunCmd),
+    /// Apply one rank's slice under another launcher (torchrun, srun, mpirun) and exec CMD
+    Bind(BindCmd),
 }
 
 /// Where the topology comes from (default: this machine).
@@ -160,4 +165,73 @@ fn parse_gpus(s: &str) -> Result<GpuSelect, String> {
 }
 fn parse_amount(s: &str) -> Result<Amount, String> {
     s.parse()
+}
+
+#[derive(Args, Debug)]
+pub struct RunCmd {
+    #[command(flatten)]
+    pub plan: PlanArgs,
+    /// Print each rank's environment, CPU set, memory policy and argv; start nothing
+    #[arg(long)]
+    pub dry_run: bool,
+    /// MASTER_ADDR for the ranks
+    #[arg(long, default_value = "127.0.0.1")]
+    pub master_addr: String,
+    /// MASTER_PORT for the ranks (default: a free port)
+    #[arg(long)]
+    pub master_port: Option<u16>,
+    /// Seconds between SIGTERM and SIGKILL when stopping ranks
+    #[arg(long, default_value_t = 10.0, value_name = "SECS")]
+    pub grace: f64,
+    /// Do not prefix output lines with [rank K]
+    #[arg(long)]
+    pub no_prefix: bool,
+    /// Show only these ranks' output on the terminal: 0,3
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub local_ranks_filter: Option<Vec<usize>>,
+    /// Also write each rank's stdout and stderr to DIR/rank-K.stdout|stderr
+    #[arg(long, value_name = "DIR")]
+    pub log_dir: Option<PathBuf>,
+    /// Start ranks unbound when the kernel refuses the binding
+    #[arg(long)]
+    pub allow_unbound: bool,
+    /// No per-rank summary at the end
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+    /// This node's rank in a multi-node job (passed to torchrun)
+    #[arg(long)]
+    pub node_rank: Option<u32>,
+    /// Rendezvous endpoint HOST:PORT (multi-node: the job goes to torchrun's agent)
+    #[arg(long, value_name = "HOST:PORT")]
+    pub rdzv_endpoint: Option<String>,
+    /// Rendezvous id shared by every node of the job
+    #[arg(long)]
+    pub rdzv_id: Option<String>,
+    /// Rendezvous backend
+    #[arg(long, default_value = "c10d")]
+    pub rdzv_backend: String,
+    /// Restarts torchrun's agent may make (multi-node)
+    #[arg(long, default_value_t = 0)]
+    pub max_restarts: u32,
+    /// torchrun to use for multi-node jobs (default: torchrun on PATH)
+    #[arg(long, value_name = "PATH")]
+    pub torchrun: Option<OsString>,
+    /// The command each rank runs (no shell in between)
+    #[arg(last = true, value_name = "CMD", required = true)]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+pub struct BindCmd {
+    #[command(flatten)]
+    pub plan: PlanArgs,
+    /// Print what this rank would get; exec nothing
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Run unbound when the kernel refuses the binding
+    #[arg(long)]
+    pub allow_unbound: bool,
+    /// The command to become
+    #[arg(last = true, value_name = "CMD", required = true)]
+    pub command: Vec<OsString>,
 }

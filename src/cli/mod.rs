@@ -2,6 +2,7 @@
 //! subcommand runs. Nothing outside this module knows about clap.
 
 mod args;
+mod launch;
 mod topo;
 
 use std::io::Write;
@@ -66,10 +67,16 @@ pub fn main() -> i32 {
     let result = match cli.command {
         Command::Topo(a) => topo::topo(a),
         Command::Plan(a) => topo::plan(a),
+        Command::Run(a) => launch::run(a),
+        Command::Bind(a) => launch::bind_cmd(a),
     };
     match result {
         Ok(()) => 0,
         Err(f) => {
+            // An empty message: the ranks' own exit code, already reported.
+            if f.message.is_empty() {
+                return f.code;
+            }
             eprintln!("error: {}", f.message);
             if let Some(h) = f.hint {
                 eprintln!("hint: {h}");

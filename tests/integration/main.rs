@@ -4,6 +4,7 @@
 mod cgroups;
 mod cli;
 mod plans;
+mod run;
 mod topologies;
 
 use std::path::PathBuf;

@@ -1,0 +1,342 @@
+//! `threadwise run` and `threadwise bind`: plan on the live machine, turn each
+//! rank plan into a launch, then supervise (run) or exec (bind).
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::time::Duration;
+
+use super::args::{BindCmd, RunCmd};
+use super::topo::{load, request};
+use super::{Failure, SourceArgs};
+use crate::export::{quote, quote_all, request_args};
+use crate::launch::env::{Job, free_port, overridden, run_id, torchrun_env};
+use crate::launch::output::OutputOptions;
+use crate::launch::supervise::{self, RunOptions};
+use crate::launch::{LaunchError, RankLaunch, bind, detect, placement_of, preflight, resolve};
+use crate::plan::{self, AllocatorChoice, Facts, NProc, Plan, PlanRequest, RankPlan};
+use crate::topology::Topology;
+
+impl From<LaunchError> for Failure {
+    fn from(e: LaunchError) -> Self {
+        let code = match e {
+            LaunchError::Placement { .. } | LaunchError::LogDir { .. } => 3,
+            _ => 2,
+        };
+        Failure {
+            message: e.to_string(),
+            hint: Some(e.hint().to_string()),
+            code,
+        }
+    }
+}
+
+fn facts(req: &PlanRequest) -> Facts {
+    Facts {
+        allocators: if req.allocator == AllocatorChoice::None {
+            vec![]
+        } else {
+            plan::find_allocators()
+        },
+    }
+}
+
+fn launch_of(rank: &RankPlan, argv: &[OsString], extra: BTreeMap<String, String>) -> RankLaunch {
+    let mut env = rank.env.clone();
+    env.extend(extra);
+    let (placement, mem) = placement_of(rank);
+    RankLaunch {
+        local_rank: rank.local_rank,
+        argv: argv.to_vec(),
+        env,
+        placement,
+        cpus: if rank.bind {
+            rank.cpus.to_string()
+        } else {
+            format!("{} (unbound)", rank.cpus)
+        },
+        mem,
+    }
+}
+
+fn current(k: &str) -> Option<String> {
+    std::env::var(k).ok()
+}
+
+/// Say which of the user's variables a launch replaces (once, on stderr).
+fn note_overrides(l: &RankLaunch) {
+    let o = overridden(&l.env, &current);
+    if !o.is_empty() {
+        let list: Vec<String> = o
+            .iter()
+            .map(|(k, old, new)| format!("{k}={old} -> {new}"))
+            .collect();
+        eprintln!(
+            "threadwise: the plan replaces variables from your environment: {} (--threads/--workers set the plan's own)",
+            list.join(", ")
+        );
+    }
+}
+
+fn dry_run(plan: &Plan, launches: &[RankLaunch]) -> String {
+    let inherited = std::env::vars_os().count();
+    let mut s = format!(
+        "{} rank(s); each inherits your environment ({inherited} variables) except what is listed\n",
+        plan.nproc
+    );
+    for l in launches {
+        s.push_str(&format!(
+            "rank {}: cpus {}, memory {}\n  argv: {}\n",
+            l.local_rank,
+            l.cpus,
+            l.mem,
+            quote_all(
+                &l.argv
+                    .iter()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+            )
+        ));
+        for (k, v) in &l.env {
+            let was = match current(k) {
+                Some(old) if old != *v => format!("   (replaces {})", quote(&old)),
+                _ => String::new(),
+            };
+            s.push_str(&format!("  {k}={}{was}\n", quote(v)));
+        }
+    }
+    s
+}
+
+fn live_topology() -> Result<Topology, Failure> {
+    load(&SourceArgs::default())
+}
+
+pub fn run(a: RunCmd) -> Result<(), Failure> {
+    let Some(program) = a.command.first() else {
+        return Err(LaunchError::NoCommand.into());
+    };
+    resolve(program)?;
+    if a.grace < 0.0 || !a.grace.is_finite() {
+        return Err(Failure::usage(
+            format!("--grace {}: must be a number of seconds >= 0", a.grace),
+            "e.g. --grace 10",
+        ));
+    }
+    let req = request(&a.plan);
+    let t = live_topology()?;
+    let p = plan::plan(&t, &req, &facts(&req))?;
+    if a.plan.nnodes > 1 || a.rdzv_endpoint.is_some() {
+        return multi_node(&a, &p);
+    }
+    if let Some(f) = &a.local_ranks_filter
+        && let Some(bad) = f.iter().find(|r| **r >= p.nproc)
+    {
+        return Err(Failure::usage(
+            format!(
+                "--local-ranks-filter names rank {bad}, but there are {} ranks (0-{})",
+                p.nproc,
+                p.nproc - 1
+            ),
+            "list local ranks below --nproc-per-node",
+        ));
+    }
+    let port = match a.master_port {
+        Some(p) => p,
+        None => free_port().map_err(|e| {
+            Failure::env(
+                format!("cannot find a free port: {e}"),
+                "give --master-port",
+            )
+        })?,
+    };
+    let job = Job {
+        nproc: p.nproc,
+        master_addr: a.master_addr.clone(),
+        master_port: port,
+        run_id: run_id(),
+    };
+    let mut launches: Vec<RankLaunch> = p
+        .ranks
+        .iter()
+        .map(|r| launch_of(r, &a.command, torchrun_env(&job, r.local_rank)))
+        .collect();
+    if a.dry_run {
+        return super::emit(&dry_run(&p, &launches));
+    }
+    if let Some(first) = launches.first() {
+        note_overrides(first);
+    }
+    for l in &mut launches {
+        if let Err((what, source)) = preflight(&l.placement) {
+            if !a.allow_unbound {
+                return Err(LaunchError::Placement {
+                    rank: l.local_rank,
+                    what,
+                    cpus: l.cpus.clone(),
+                    source,
+                }
+                .into());
+            }
+            eprintln!(
+                "threadwise: warning: rank {} runs unbound ({what} refused: {source})",
+                l.local_rank
+            );
+            l.placement = Default::default();
+        }
+    }
+    let opts = RunOptions {
+        grace: Duration::from_secs_f64(a.grace),
+        output: OutputOptions {
+            prefix: !a.no_prefix,
+            show: a.local_ranks_filter.clone(),
+        },
+        log_dir: a.log_dir.clone(),
+    };
+    let outcome = supervise::run(&launches, &opts)?;
+    if !a.quiet {
+        eprint!("{}", supervise::summary(&outcome));
+    }
+    if let Some(report) = supervise::failure_report(&outcome) {
+        eprint!("{report}");
+    } else if let Some(sig) = outcome.signal {
+        eprintln!("threadwise: stopped by {}", crate::os::signal_name(sig));
+    }
+    if let Some(dir) = &a.log_dir {
+        eprintln!("threadwise: logs in {}", dir.display());
+    }
+    match outcome.code() {
+        0 => Ok(()),
+        code => Err(Failure {
+            message: String::new(),
+            hint: None,
+            code,
+        }),
+    }
+}
+
+/// Hand the job to torchrun's elastic agent; each rank runs `threadwise bind`.
+fn multi_node(a: &RunCmd, p: &Plan) -> Result<(), Failure> {
+    let torchrun = a.torchrun.clone().unwrap_or_else(|| "torchrun".into());
+    let torchrun_path = resolve(&torchrun).map_err(|_| {
+        Failure::env(
+            format!(
+                "multi-node runs go through torchrun, and {} was not found",
+                torchrun.to_string_lossy()
+            ),
+            "install PyTorch in this environment, or give --torchrun PATH",
+        )
+    })?;
+    let me = std::env::current_exe().map_err(|e| {
+        Failure::env(
+            format!("cannot find this binary: {e}"),
+            "run threadwise by its path",
+        )
+    })?;
+    let endpoint = a.rdzv_endpoint.clone().ok_or_else(|| {
+        Failure::usage(
+            "--nnodes > 1 needs --rdzv-endpoint HOST:PORT",
+            "every node gives the same endpoint, e.g. node0:29400",
+        )
+    })?;
+    let mut args: Vec<OsString> = vec![
+        "--nnodes".into(),
+        a.plan.nnodes.to_string().into(),
+        "--nproc-per-node".into(),
+        p.nproc.to_string().into(),
+        "--rdzv-backend".into(),
+        a.rdzv_backend.clone().into(),
+        "--rdzv-endpoint".into(),
+        endpoint.into(),
+        "--rdzv-id".into(),
+        a.rdzv_id
+            .clone()
+            .unwrap_or_else(|| "threadwise".into())
+            .into(),
+        "--max-restarts".into(),
+        a.max_restarts.to_string().into(),
+    ];
+    if let Some(r) = a.node_rank {
+        args.extend(["--node-rank".into(), r.to_string().into()]);
+    }
+    args.extend(["--no-python".into(), me.into_os_string(), "bind".into()]);
+    let mut req_args = request_args(&p.request);
+    if !req_args.iter().any(|x| x == "--nproc-per-node") {
+        req_args.splice(0..0, ["--nproc-per-node".to_string(), p.nproc.to_string()]);
+    }
+    if a.allow_unbound {
+        req_args.push("--allow-unbound".into());
+    }
+    args.extend(req_args.into_iter().map(OsString::from));
+    args.push("--".into());
+    args.extend(a.command.iter().cloned());
+    if a.dry_run {
+        let words: Vec<String> = std::iter::once(torchrun_path.display().to_string())
+            .chain(args.iter().map(|x| x.to_string_lossy().into_owned()))
+            .collect();
+        return super::emit(&(quote_all(&words) + "\n"));
+    }
+    let err = std::process::Command::new(&torchrun_path)
+        .args(&args)
+        .exec();
+    Err(Failure::env(
+        format!("cannot exec {}: {err}", torchrun_path.display()),
+        "check the torchrun installation",
+    ))
+}
+
+pub fn bind_cmd(a: BindCmd) -> Result<(), Failure> {
+    if a.command.is_empty() {
+        return Err(LaunchError::NoCommand.into());
+    }
+    let launcher = detect::detect(&current)?;
+    let mut t = live_topology()?;
+    if launcher.binds_ranks {
+        // srun and mpirun bind each rank already: its mask is its own, not the
+        // node's. Plan from the cgroup (the job's CPUs) like every sibling does.
+        t.limits.affinity = None;
+        t.apply_limits();
+    }
+    let mut req = request(&a.plan);
+    match req.nproc {
+        NProc::Count(n) if n != launcher.local_size => {
+            return Err(Failure::usage(
+                format!(
+                    "--nproc-per-node {n}, but {} started {} ranks on this node",
+                    launcher.name, launcher.local_size
+                ),
+                "leave --nproc-per-node out under a launcher, or make them agree",
+            ));
+        }
+        _ => req.nproc = NProc::Count(launcher.local_size),
+    }
+    let p = plan::plan(&t, &req, &facts(&req))?;
+    let rank = &p.ranks[launcher.local_rank];
+    let mut extra = BTreeMap::new();
+    for (k, v) in [
+        ("LOCAL_RANK", launcher.local_rank.to_string()),
+        ("LOCAL_WORLD_SIZE", launcher.local_size.to_string()),
+    ] {
+        if current(k).is_none() {
+            extra.insert(k.to_string(), v);
+        }
+    }
+    if let Some((rank_no, world)) = launcher.global {
+        for (k, v) in [("RANK", rank_no), ("WORLD_SIZE", world)] {
+            if current(k).is_none() {
+                extra.insert(k.to_string(), v.to_string());
+            }
+        }
+    }
+    let l = launch_of(rank, &a.command, extra);
+    if a.dry_run {
+        return super::emit(&dry_run(
+            &Plan {
+                nproc: 1,
+                ..p.clone()
+            },
+            &[l],
+        ));
+    }
+    Err(bind::exec_rank(&l, a.allow_unbound).into())
+}

@@ -1,0 +1,40 @@
+//! `bind`: become one rank. Apply this rank's CPU affinity and memory policy to
+//! ourselves, set its environment, and exec the command in our place, so the
+//! launcher's signals and exit codes reach the command untouched.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+
+use super::{LaunchError, RankLaunch, resolve};
+
+/// Apply the rank's placement and exec; returns only on failure.
+pub fn exec_rank(r: &RankLaunch, allow_unbound: bool) -> LaunchError {
+    let Some(program) = r.argv.first() else {
+        return LaunchError::NoCommand;
+    };
+    if let Err(e) = resolve(program) {
+        return e;
+    }
+    if let Err((what, source)) = r.placement.apply() {
+        if !allow_unbound {
+            return LaunchError::Placement {
+                rank: r.local_rank,
+                what,
+                cpus: r.cpus.clone(),
+                source,
+            };
+        }
+        eprintln!(
+            "threadwise: warning: rank {} runs unbound ({what} refused: {source})",
+            r.local_rank
+        );
+    }
+    let err = std::process::Command::new(program)
+        .args(&r.argv[1..])
+        .envs(&r.env)
+        .exec();
+    LaunchError::Exec {
+        program: OsString::from(program).to_string_lossy().into_owned(),
+        source: err,
+    }
+}

@@ -1,0 +1,241 @@
+//! How a rank started by another launcher learns its local rank and the number
+//! of ranks on its node (the table in shared/design/anchors.md).
+
+use super::LaunchError;
+
+/// What the launcher told this process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Launcher {
+    pub name: &'static str,
+    pub local_rank: usize,
+    pub local_size: usize,
+    /// Whether this launcher binds each rank itself (its affinity mask is then
+    /// the rank's, not the node's: the node plan must not start from it).
+    pub binds_ranks: bool,
+    /// Global rank and world size, when the launcher gives them.
+    pub global: Option<(usize, usize)>,
+}
+
+fn num(env: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<usize>, LaunchError> {
+    match env(var) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| LaunchError::Launcher(format!("{var}={v:?} is not a number"))),
+    }
+}
+
+/// Expand SLURM_TASKS_PER_NODE ("2(x3),1") into one count per node.
+pub fn slurm_tasks_per_node(text: &str) -> Result<Vec<usize>, LaunchError> {
+    let bad = || {
+        LaunchError::Launcher(format!(
+            "SLURM_TASKS_PER_NODE={text:?} is not like \"2(x3),1\""
+        ))
+    };
+    let mut out = vec![];
+    for part in text.trim().split(',') {
+        let (count, times) = match part.split_once("(x") {
+            Some((c, rest)) => (c, rest.strip_suffix(')').ok_or_else(bad)?),
+            None => (part, "1"),
+        };
+        let c: usize = count.parse().map_err(|_| bad())?;
+        let t: usize = times.parse().map_err(|_| bad())?;
+        if t > 1 << 20 {
+            return Err(bad());
+        }
+        out.extend(std::iter::repeat_n(c, t));
+    }
+    Ok(out)
+}
+
+/// Detect the launcher from an environment lookup.
+pub fn detect(env: &dyn Fn(&str) -> Option<String>) -> Result<Launcher, LaunchError> {
+    let pair = |name: &'static str,
+                rank: &str,
+                size: &str,
+                binds: bool|
+     -> Result<Option<Launcher>, LaunchError> {
+        match (num(env, rank)?, num(env, size)?) {
+            (Some(local_rank), Some(local_size)) => Ok(Some(Launcher {
+                name,
+                local_rank,
+                local_size,
+                binds_ranks: binds,
+                global: None,
+            })),
+            (Some(_), None) => Err(LaunchError::Launcher(format!(
+                "{name}: {rank} is set but {size} is not"
+            ))),
+            _ => Ok(None),
+        }
+    };
+    let found = if let Some(l) = pair("torchrun", "LOCAL_RANK", "LOCAL_WORLD_SIZE", false)? {
+        l
+    } else if let Some(l) = pair(
+        "Open MPI",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        true,
+    )? {
+        l
+    } else if let Some(l) = pair(
+        "MVAPICH",
+        "MV2_COMM_WORLD_LOCAL_RANK",
+        "MV2_COMM_WORLD_LOCAL_SIZE",
+        true,
+    )? {
+        l
+    } else if let Some(l) = pair(
+        "MPICH/Intel MPI",
+        "MPI_LOCALRANKID",
+        "MPI_LOCALNRANKS",
+        true,
+    )? {
+        l
+    } else if let Some(l) = pair("Cray PALS", "PALS_LOCAL_RANKID", "PMI_LOCAL_SIZE", true)? {
+        l
+    } else if let Some(l) = pair("Cray PALS", "PMI_LOCAL_RANK", "PMI_LOCAL_SIZE", true)? {
+        l
+    } else if let Some(local_rank) = num(env, "SLURM_LOCALID")? {
+        let per_node = env("SLURM_TASKS_PER_NODE").ok_or_else(|| {
+            LaunchError::Launcher(
+                "Slurm: SLURM_LOCALID is set but SLURM_TASKS_PER_NODE is not".into(),
+            )
+        })?;
+        let counts = slurm_tasks_per_node(&per_node)?;
+        let node = num(env, "SLURM_NODEID")?.unwrap_or(0);
+        let local_size = *counts.get(node).ok_or_else(|| {
+            LaunchError::Launcher(format!(
+                "Slurm: SLURM_NODEID={node} but SLURM_TASKS_PER_NODE={per_node:?} lists {} nodes",
+                counts.len()
+            ))
+        })?;
+        Launcher {
+            name: "Slurm",
+            local_rank,
+            local_size,
+            binds_ranks: true,
+            global: None,
+        }
+    } else {
+        return Err(LaunchError::Launcher(
+            "no launcher environment found (LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK, \
+             MPI_LOCALRANKID, PALS_LOCAL_RANKID/PMI_LOCAL_RANK, MV2_COMM_WORLD_LOCAL_RANK)"
+                .into(),
+        ));
+    };
+    let mut found = found;
+    let globals: &[(&str, &str, &str)] = &[
+        ("torchrun", "RANK", "WORLD_SIZE"),
+        ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+        ("MVAPICH", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE"),
+        ("MPICH/Intel MPI", "PMI_RANK", "PMI_SIZE"),
+        ("Cray PALS", "PMI_RANK", "PMI_SIZE"),
+        ("Slurm", "SLURM_PROCID", "SLURM_NTASKS"),
+    ];
+    if let Some((_, r, w)) = globals.iter().find(|(n, _, _)| *n == found.name)
+        && let (Some(r), Some(w)) = (num(env, r)?, num(env, w)?)
+    {
+        found.global = Some((r, w));
+    }
+    if found.local_size == 0 || found.local_rank >= found.local_size {
+        return Err(LaunchError::Launcher(format!(
+            "{}: local rank {} is not below the local size {}",
+            found.name, found.local_rank, found.local_size
+        )));
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let v: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        move |k| v.iter().find(|(a, _)| a == k).map(|(_, b)| b.clone())
+    }
+
+    #[test]
+    fn each_launcher() {
+        type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, usize, usize);
+        let cases: &[Case] = &[
+            (
+                &[
+                    ("LOCAL_RANK", "1"),
+                    ("LOCAL_WORLD_SIZE", "4"),
+                    ("SLURM_LOCALID", "0"),
+                ],
+                "torchrun",
+                1,
+                4,
+            ),
+            (
+                &[
+                    ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+                    ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+                ],
+                "Open MPI",
+                0,
+                2,
+            ),
+            (
+                &[("MPI_LOCALRANKID", "3"), ("MPI_LOCALNRANKS", "8")],
+                "MPICH/Intel MPI",
+                3,
+                8,
+            ),
+            (
+                &[("PALS_LOCAL_RANKID", "1"), ("PMI_LOCAL_SIZE", "2")],
+                "Cray PALS",
+                1,
+                2,
+            ),
+            (
+                &[
+                    ("MV2_COMM_WORLD_LOCAL_RANK", "1"),
+                    ("MV2_COMM_WORLD_LOCAL_SIZE", "2"),
+                ],
+                "MVAPICH",
+                1,
+                2,
+            ),
+            (
+                &[
+                    ("SLURM_LOCALID", "1"),
+                    ("SLURM_TASKS_PER_NODE", "2(x3),1"),
+                    ("SLURM_NODEID", "2"),
+                ],
+                "Slurm",
+                1,
+                2,
+            ),
+        ];
+        for (env, name, rank, size) in cases {
+            let l = detect(&env_of(env)).unwrap();
+            assert_eq!((l.name, l.local_rank, l.local_size), (*name, *rank, *size));
+        }
+    }
+
+    #[test]
+    fn clear_errors() {
+        let e = |pairs: &[(&str, &str)]| detect(&env_of(pairs)).unwrap_err().to_string();
+        assert!(e(&[]).contains("no launcher environment"));
+        assert!(
+            e(&[("LOCAL_RANK", "x"), ("LOCAL_WORLD_SIZE", "2")])
+                .contains("LOCAL_RANK=\"x\" is not a number")
+        );
+        assert!(e(&[("LOCAL_RANK", "0")]).contains("LOCAL_WORLD_SIZE is not"));
+        assert!(e(&[("LOCAL_RANK", "2"), ("LOCAL_WORLD_SIZE", "2")]).contains("not below"));
+        assert!(
+            e(&[("SLURM_LOCALID", "0"), ("SLURM_TASKS_PER_NODE", "2(x")])
+                .contains("SLURM_TASKS_PER_NODE")
+        );
+        assert_eq!(slurm_tasks_per_node("2(x3),1").unwrap(), vec![2, 2, 2, 1]);
+    }
+}

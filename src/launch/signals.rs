@@ -1,0 +1,72 @@
+//! Signals as events: SIGINT, SIGTERM, SIGHUP and SIGCHLD handlers write the
+//! signal number to a non-blocking, close-on-exec pipe that the supervisor
+//! polls, so nothing but `write` happens inside a handler.
+
+use std::sync::atomic::{AtomicI32, Ordering};
+
+static WRITE_FD: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    let fd = WRITE_FD.load(Ordering::Relaxed);
+    if fd >= 0 {
+        let b = sig as u8;
+        // SAFETY: write(2) is async-signal-safe; errno is saved and restored.
+        unsafe {
+            let saved = *libc::__errno_location();
+            libc::write(fd, (&b as *const u8).cast(), 1);
+            *libc::__errno_location() = saved;
+        }
+    }
+}
+
+/// The read end of the signal pipe.
+pub struct SignalPipe {
+    fd: libc::c_int,
+}
+
+pub const FORWARDED: [i32; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+impl SignalPipe {
+    /// Install the handlers (once per process).
+    pub fn install() -> std::io::Result<SignalPipe> {
+        let mut fds = [0; 2];
+        // SAFETY: fds is a valid array of two ints.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        WRITE_FD.store(fds[1], Ordering::Relaxed);
+        for sig in FORWARDED.iter().chain(&[libc::SIGCHLD]) {
+            // SAFETY: a zeroed sigaction with a valid handler and SA_RESTART.
+            unsafe {
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = on_signal as *const () as usize;
+                sa.sa_flags = libc::SA_RESTART | libc::SA_NOCLDSTOP;
+                libc::sigemptyset(&mut sa.sa_mask);
+                libc::sigaction(*sig, &sa, std::ptr::null_mut());
+            }
+        }
+        Ok(SignalPipe { fd: fds[0] })
+    }
+
+    /// Wait up to `timeout_ms` (-1: forever) and return the signals that came.
+    pub fn wait(&self, timeout_ms: i32) -> Vec<i32> {
+        let mut pfd = libc::pollfd {
+            fd: self.fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+        let mut out = vec![];
+        let mut buf = [0u8; 64];
+        loop {
+            // SAFETY: buf is valid for its length.
+            let n = unsafe { libc::read(self.fd, buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                break;
+            }
+            out.extend(buf[..n as usize].iter().map(|b| *b as i32));
+        }
+        out
+    }
+}

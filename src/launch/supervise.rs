@@ -1,0 +1,400 @@
+//! Start ranks and watch them to the end, nextest-style: every rank in its own
+//! process group and killed through it; the first failure (or the first
+//! SIGINT/SIGTERM/SIGHUP) sends SIGTERM (or that signal) to every group, then a
+//! grace period, then SIGKILL; a second signal kills at once. Ranks die with us
+//! (PR_SET_PDEATHSIG), and as a child subreaper we also collect and kill what
+//! they leave behind, so no process outlives the run.
+
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::output::{self, OutputOptions, Stream, Tail};
+use super::signals::{FORWARDED, SignalPipe};
+use super::{LaunchError, RankLaunch};
+use crate::os;
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub grace: Duration,
+    pub output: OutputOptions,
+    pub log_dir: Option<PathBuf>,
+}
+
+/// How a rank ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+}
+
+impl Exit {
+    /// The shell convention: the code, or 128 + the signal number.
+    pub fn code(self) -> i32 {
+        match self {
+            Exit::Code(c) => c,
+            Exit::Signal(s) => 128 + s,
+        }
+    }
+    pub fn success(self) -> bool {
+        self == Exit::Code(0)
+    }
+    pub fn describe(self) -> String {
+        match self {
+            Exit::Code(0) => "exited 0".to_string(),
+            Exit::Code(c) => format!("exited with code {c}"),
+            Exit::Signal(s) => format!("killed by signal {s} ({})", os::signal_name(s)),
+        }
+    }
+    fn from_status(status: libc::c_int) -> Exit {
+        if libc::WIFSIGNALED(status) {
+            Exit::Signal(libc::WTERMSIG(status))
+        } else {
+            Exit::Code(libc::WEXITSTATUS(status))
+        }
+    }
+}
+
+/// One rank's end, with wait4's resource usage.
+#[derive(Debug, Clone)]
+pub struct RankResult {
+    pub local_rank: usize,
+    pub pid: i32,
+    pub exit: Exit,
+    pub wall: Duration,
+    pub cpu: Duration,
+    pub max_rss_kib: i64,
+    pub voluntary_cs: i64,
+    pub involuntary_cs: i64,
+}
+
+/// The whole run's end.
+#[derive(Debug)]
+pub struct Outcome {
+    pub results: Vec<RankResult>,
+    /// Index of the first rank that failed on its own.
+    pub first_failure: Option<usize>,
+    /// The first signal the user sent us.
+    pub signal: Option<i32>,
+    pub tails: Vec<Vec<String>>,
+    pub wall: Duration,
+}
+
+impl Outcome {
+    /// 0, the first failing rank's code, or 128 + the user's signal.
+    pub fn code(&self) -> i32 {
+        match (self.first_failure, self.signal) {
+            (Some(i), _) => self.results[i].exit.code(),
+            (None, Some(s)) => 128 + s,
+            (None, None) => 0,
+        }
+    }
+}
+
+struct Running {
+    pid: i32,
+    started: Instant,
+    result: Option<RankResult>,
+}
+
+fn spawn_rank(r: &RankLaunch, parent: i32) -> std::io::Result<std::process::Child> {
+    let mut cmd = Command::new(&r.argv[0]);
+    cmd.args(&r.argv[1..])
+        .envs(&r.env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let placement = r.placement.clone();
+    // SAFETY: the closure only makes syscalls on memory prepared before fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if !os::die_with_parent(parent) {
+                return Err(std::io::Error::other("threadwise exited during start-up"));
+            }
+            placement.apply().map_err(|(_, e)| e)
+        });
+    }
+    cmd.spawn()
+}
+
+fn open_log(dir: &Option<PathBuf>, rank: usize, stream: &str) -> Result<Option<File>, LaunchError> {
+    let Some(dir) = dir else { return Ok(None) };
+    let path = dir.join(format!("rank-{rank}.{stream}"));
+    File::create(&path)
+        .map(Some)
+        .map_err(|source| LaunchError::LogDir {
+            path: path.display().to_string(),
+            source,
+        })
+}
+
+fn timeval(t: libc::timeval) -> Duration {
+    Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+}
+
+/// Reap every child that has ended; returns (pid, status, rusage).
+fn reap() -> Vec<(i32, libc::c_int, libc::rusage)> {
+    let mut out = vec![];
+    loop {
+        let mut status = 0;
+        // SAFETY: a zeroed rusage is a valid out-parameter.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: valid pointers to status and rusage.
+        let pid = unsafe { libc::wait4(-1, &mut status, libc::WNOHANG, &mut ru) };
+        if pid <= 0 {
+            return out;
+        }
+        out.push((pid, status, ru));
+    }
+}
+
+/// Kill and reap the descendants that were re-parented to us (subreaper).
+fn kill_orphans() {
+    let me = std::process::id() as i32;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let orphans: Vec<i32> = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .ok()
+                    .and_then(|s| {
+                        let rest = &s[s.rfind(')')? + 2..];
+                        rest.split_whitespace().nth(1)?.parse::<i32>().ok()
+                    })
+                    == Some(me)
+            })
+            .collect();
+        reap();
+        if orphans.is_empty() || Instant::now() > deadline {
+            return;
+        }
+        for pid in orphans {
+            // SAFETY: plain syscall.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Start every rank and supervise them to the end.
+pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchError> {
+    let signals = SignalPipe::install().map_err(|source| LaunchError::Spawn {
+        rank: 0,
+        program: "signal pipe".into(),
+        source,
+    })?;
+    os::become_subreaper();
+    if let Some(dir) = &opts.log_dir {
+        std::fs::create_dir_all(dir).map_err(|source| LaunchError::LogDir {
+            path: dir.display().to_string(),
+            source,
+        })?;
+    }
+    let parent = std::process::id() as i32;
+    let start = Instant::now();
+    let mut running: Vec<Running> = vec![];
+    let mut pumps: Vec<JoinHandle<()>> = vec![];
+    let mut tails: Vec<Tail> = vec![];
+    for r in ranks {
+        let (out_log, err_log) = (
+            open_log(&opts.log_dir, r.local_rank, "stdout")?,
+            open_log(&opts.log_dir, r.local_rank, "stderr")?,
+        );
+        let mut child = match spawn_rank(r, parent) {
+            Ok(c) => c,
+            Err(source) => {
+                for p in &running {
+                    os::kill_group(p.pid, libc::SIGKILL);
+                }
+                kill_orphans();
+                return Err(LaunchError::Spawn {
+                    rank: r.local_rank,
+                    program: r.argv[0].to_string_lossy().into_owned(),
+                    source,
+                });
+            }
+        };
+        let tail: Tail = Arc::new(Mutex::new(Default::default()));
+        if let Some(p) = child.stdout.take() {
+            pumps.push(output::pump(
+                r.local_rank,
+                Stream::Stdout,
+                p,
+                out_log,
+                &opts.output,
+                None,
+            ));
+        }
+        if let Some(p) = child.stderr.take() {
+            pumps.push(output::pump(
+                r.local_rank,
+                Stream::Stderr,
+                p,
+                err_log,
+                &opts.output,
+                Some(tail.clone()),
+            ));
+        }
+        tails.push(tail);
+        running.push(Running {
+            pid: child.id() as i32,
+            started: Instant::now(),
+            result: None,
+        });
+    }
+
+    let mut first_failure = None;
+    let mut user_signal = None;
+    let mut kill_at: Option<Instant> = None;
+    let live = |running: &[Running]| {
+        running
+            .iter()
+            .filter(|r| r.result.is_none())
+            .map(|r| r.pid)
+            .collect::<Vec<_>>()
+    };
+    while running.iter().any(|r| r.result.is_none()) {
+        let timeout = kill_at.map_or(-1, |t| {
+            t.saturating_duration_since(Instant::now())
+                .as_millis()
+                .min(i32::MAX as u128) as i32
+        });
+        let got = signals.wait(timeout);
+        for (pid, status, ru) in reap() {
+            let Some(i) = running.iter().position(|r| r.pid == pid) else {
+                continue;
+            };
+            let exit = Exit::from_status(status);
+            running[i].result = Some(RankResult {
+                local_rank: ranks[i].local_rank,
+                pid,
+                exit,
+                wall: running[i].started.elapsed(),
+                cpu: timeval(ru.ru_utime) + timeval(ru.ru_stime),
+                max_rss_kib: ru.ru_maxrss,
+                voluntary_cs: ru.ru_nvcsw,
+                involuntary_cs: ru.ru_nivcsw,
+            });
+            if !exit.success() && kill_at.is_none() {
+                first_failure = Some(i);
+                for p in live(&running) {
+                    os::kill_group(p, libc::SIGTERM);
+                }
+                kill_at = Some(Instant::now() + opts.grace);
+            }
+        }
+        for sig in got.into_iter().filter(|s| FORWARDED.contains(s)) {
+            if user_signal.is_none() && kill_at.is_none() {
+                user_signal = Some(sig);
+                for p in live(&running) {
+                    os::kill_group(p, sig);
+                }
+                kill_at = Some(Instant::now() + opts.grace);
+            } else {
+                user_signal.get_or_insert(sig);
+                kill_at = Some(Instant::now());
+            }
+        }
+        if kill_at.is_some_and(|t| Instant::now() >= t) {
+            for p in live(&running) {
+                os::kill_group(p, libc::SIGKILL);
+            }
+        }
+    }
+    // Whatever the ranks left behind: their groups, then re-parented orphans.
+    for r in &running {
+        os::kill_group(r.pid, libc::SIGKILL);
+    }
+    kill_orphans();
+    join_within(pumps, Duration::from_secs(2));
+    let results: Vec<RankResult> = running.into_iter().filter_map(|r| r.result).collect();
+    Ok(Outcome {
+        results,
+        first_failure,
+        signal: user_signal,
+        tails: tails
+            .iter()
+            .map(|t| {
+                t.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .cloned()
+                    .collect()
+            })
+            .collect(),
+        wall: start.elapsed(),
+    })
+}
+
+/// Join output threads, but never hang on a pipe some escaped process holds.
+fn join_within(handles: Vec<JoinHandle<()>>, limit: Duration) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for h in handles {
+            let _ = h.join();
+        }
+        let _ = tx.send(());
+    });
+    let _ = rx.recv_timeout(limit);
+}
+
+/// The end-of-run summary, one line per rank.
+pub fn summary(o: &Outcome) -> String {
+    let mut s = format!(
+        "threadwise: {} rank(s) in {:.2} s\n{:<5} {:>8}  {:<34} {:>9} {:>9} {:>10} {:>9} {:>9}\n",
+        o.results.len(),
+        o.wall.as_secs_f64(),
+        "rank",
+        "pid",
+        "end",
+        "wall s",
+        "cpu s",
+        "max rss",
+        "vol cs",
+        "invol cs"
+    );
+    for r in &o.results {
+        s.push_str(&format!(
+            "{:<5} {:>8}  {:<34} {:>9.2} {:>9.2} {:>6.1} MiB {:>9} {:>9}\n",
+            r.local_rank,
+            r.pid,
+            r.exit.describe(),
+            r.wall.as_secs_f64(),
+            r.cpu.as_secs_f64(),
+            r.max_rss_kib as f64 / 1024.0,
+            r.voluntary_cs,
+            r.involuntary_cs
+        ));
+    }
+    s
+}
+
+/// What to say about a failure: which rank, its pid, how, and its stderr tail.
+pub fn failure_report(o: &Outcome) -> Option<String> {
+    let i = o.first_failure?;
+    let r = &o.results[i];
+    let mut s = format!(
+        "error: rank {} (pid {}) {}\n",
+        r.local_rank,
+        r.pid,
+        r.exit.describe()
+    );
+    let tail = o.tails.get(i).cloned().unwrap_or_default();
+    if tail.is_empty() {
+        s.push_str("  (its stderr was empty)\n");
+    } else {
+        s.push_str(&format!("last {} line(s) of its stderr:\n", tail.len()));
+        for l in tail {
+            s.push_str(&format!("  | {l}\n"));
+        }
+    }
+    Some(s)
+}

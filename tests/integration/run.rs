@@ -1,0 +1,456 @@
+//! `threadwise run` and `bind` with real processes: ranks that exit with a code,
+//! die by a signal, ignore SIGTERM, leave a grandchild behind, print partial
+//! lines and more than a pipe buffer at once; for each, our exit code, how long
+//! it took, what was printed, and that no process is left over.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::threadwise;
+
+fn bin() -> std::path::PathBuf {
+    assert_cmd::cargo::cargo_bin("threadwise")
+}
+
+fn run(args: &[&str]) -> (Output, Duration) {
+    let t = Instant::now();
+    let out = Command::new(bin()).arg("run").args(args).output().unwrap();
+    (out, t.elapsed())
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Processes (not zombies) whose command line holds `marker`.
+fn survivors(marker: &str) -> Vec<String> {
+    let mut out = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.parse::<u32>().is_err() {
+            continue;
+        }
+        let cmd = std::fs::read(format!("/proc/{name}/cmdline")).unwrap_or_default();
+        let stat = std::fs::read_to_string(format!("/proc/{name}/stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|s| s.trim_start().starts_with('Z'));
+        let argv0 = text(cmd.split(|b| *b == 0).next().unwrap_or_default());
+        if !zombie && !argv0.ends_with("threadwise") && text(&cmd).contains(marker) {
+            out.push(format!("{name}: {}", text(&cmd).replace('\0', " ")));
+        }
+    }
+    out
+}
+
+fn plan_json(n: usize) -> Value {
+    let out = threadwise()
+        .args(["plan", "--json", "-n", &n.to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn a_rank_exit_code_stops_the_others_and_is_ours() {
+    let (out, took) = run(&[
+        "-n",
+        "2",
+        "--grace",
+        "5",
+        "--",
+        "sh",
+        "-c",
+        "if [ $RANK = 1 ]; then echo boom >&2; exit 3; fi; exec sleep 30",
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        took < Duration::from_secs(4),
+        "{took:?}: rank 0 should end on SIGTERM at once"
+    );
+    let err = text(&out.stderr);
+    assert!(err.contains("[rank 1] boom"), "{err}");
+    assert!(err.contains("error: rank 1 (pid "), "{err}");
+    assert!(err.contains(") exited with code 3"), "{err}");
+    assert!(err.contains("  | boom"), "{err}");
+    assert!(
+        err.contains("killed by signal 15 (SIGTERM)"),
+        "rank 0 in the summary: {err}"
+    );
+}
+
+#[test]
+fn a_rank_killed_by_a_signal() {
+    let (out, _) = run(&[
+        "-n",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "[ $RANK = 0 ] && kill -SEGV $$; exec sleep 30",
+    ]);
+    assert_eq!(out.status.code(), Some(128 + 11));
+    assert!(text(&out.stderr).contains("killed by signal 11 (SIGSEGV)"));
+}
+
+#[test]
+fn a_rank_that_ignores_sigterm_gets_sigkill_after_the_grace() {
+    let marker = "tw-ignore-term-4817";
+    let script = format!(
+        "trap '' TERM; [ $RANK = 1 ] && {{ sleep 0.3; exit 5; }}; while :; do sleep 0.05; done # {marker}"
+    );
+    let (out, took) = run(&["-n", "2", "--grace", "1", "--", "sh", "-c", &script]);
+    assert_eq!(out.status.code(), Some(5));
+    assert!(
+        took >= Duration::from_millis(1250) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    assert!(text(&out.stderr).contains("killed by signal 9 (SIGKILL)"));
+    assert!(survivors(marker).is_empty(), "{:?}", survivors(marker));
+}
+
+#[test]
+fn grandchildren_are_not_left_behind() {
+    let marker = "tw-grandchild-5521";
+    let script = format!(
+        "(exec -a {marker} sleep 60) & (setsid sh -c 'exec -a {marker}x sleep 60' &) ; echo started"
+    );
+    let (out, took) = run(&["-n", "2", "--", "bash", "-c", &script]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert_eq!(text(&out.stdout).matches("started").count(), 2);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(survivors(marker).is_empty(), "{:?}", survivors(marker));
+}
+
+#[test]
+fn partial_lines_and_more_than_a_pipe_buffer() {
+    // Each rank prints 20000 numbered lines at once (>1 MiB), then a partial line.
+    let script = "i=0; while [ $i -lt 20000 ]; do echo \"r$RANK n$i xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"; i=$((i+1)); done; printf 'tail-of-%s' $RANK";
+    let dir = tempfile::tempdir().unwrap();
+    let (out, _) = run(&[
+        "-n",
+        "2",
+        "-q",
+        "--log-dir",
+        dir.path().to_str().unwrap(),
+        "--",
+        "bash",
+        "-c",
+        script,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let mut next = [0usize; 2];
+    for line in stdout.lines() {
+        let (prefix, rest) = line.split_at(9);
+        let rank: usize = prefix
+            .trim_start_matches("[rank ")
+            .trim_end_matches("] ")
+            .parse()
+            .unwrap();
+        if let Some(t) = rest.strip_prefix("tail-of-") {
+            assert_eq!(t, rank.to_string());
+            continue;
+        }
+        // Whole lines, in order, never mixed with the other rank's.
+        let expect = format!("r{rank} n{} {}", next[rank], "x".repeat(50));
+        assert_eq!(rest, expect);
+        next[rank] += 1;
+    }
+    assert_eq!(next, [20000, 20000]);
+    assert!(stdout.ends_with("tail-of-0\n") || stdout.ends_with("tail-of-1\n"));
+    for r in 0..2 {
+        let log = std::fs::read_to_string(dir.path().join(format!("rank-{r}.stdout"))).unwrap();
+        assert_eq!(log.lines().count(), 20001);
+        assert!(
+            log.ends_with(&format!("tail-of-{r}")),
+            "the log keeps the bytes as they were"
+        );
+    }
+}
+
+#[test]
+fn prefix_filter_and_no_shell() {
+    let (out, _) = run(&[
+        "-n",
+        "2",
+        "-q",
+        "--local-ranks-filter",
+        "1",
+        "--no-prefix",
+        "--",
+        "echo",
+        "$(id)",
+        "`x`",
+        "$RANK",
+    ]);
+    assert!(out.status.success());
+    assert_eq!(
+        text(&out.stdout),
+        "$(id) `x` $RANK\n",
+        "one rank shown, arguments passed literally"
+    );
+    let (out, _) = run(&["-n", "2", "--local-ranks-filter", "2", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--local-ranks-filter names rank 2"));
+}
+
+#[test]
+fn ranks_report_the_planned_placement() {
+    let n = 2;
+    let p = plan_json(n);
+    let (out, _) = run(&[
+        "-n",
+        "2",
+        "-q",
+        "--mem",
+        "bind",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$RANK $(grep Cpus_allowed_list /proc/self/status | cut -f2) $(grep Mems_allowed_list /proc/self/status | cut -f2) $(grep -m1 -o 'bind:[0-9,-]*' /proc/self/numa_maps)\"",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    for r in 0..n {
+        let rank = &p["ranks"][r];
+        let nodes: Vec<String> = rank["mem_nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_string())
+            .collect();
+        let want = format!(
+            "[rank {r}] {r} {} {} bind:{}",
+            rank["cpus"].as_str().unwrap(),
+            nodes.join(","),
+            nodes.join(",")
+        );
+        assert!(
+            stdout.lines().any(|l| l == want),
+            "want {want:?} in\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn bind_applies_the_same_plan_under_a_launcher() {
+    let p = plan_json(2);
+    for r in 0..2 {
+        let out = Command::new(bin())
+            .args(["bind", "--mem", "interleave", "--", "sh", "-c", "echo $(grep Cpus_allowed_list /proc/self/status | cut -f2) $OMP_NUM_THREADS $(grep -m1 -o 'interleave:[0-9,-]*' /proc/self/numa_maps) $FOO"])
+            .env("LOCAL_RANK", r.to_string())
+            .env("LOCAL_WORLD_SIZE", "2")
+            .env("FOO", "kept")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let rank = &p["ranks"][r];
+        let want = format!(
+            "{} {} interleave:0 kept\n",
+            rank["cpus"].as_str().unwrap(),
+            rank["threads"]
+        );
+        assert_eq!(text(&out.stdout), want);
+    }
+    // bind execs: exit codes and signals are the command's own.
+    let out = Command::new(bin())
+        .args(["bind", "--", "sh", "-c", "exit 42"])
+        .env("LOCAL_RANK", "0")
+        .env("LOCAL_WORLD_SIZE", "1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(42));
+    let out = Command::new(bin())
+        .args(["bind", "--", "true"])
+        .env_remove("LOCAL_RANK")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("no launcher environment found"));
+}
+
+#[test]
+fn open_mpi_ranks_get_their_planned_cpus() {
+    let p = plan_json(2);
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
+        .arg(bin())
+        .args(["bind", "--", "sh", "-c", "echo $OMPI_COMM_WORLD_LOCAL_RANK $(grep Cpus_allowed_list /proc/self/status | cut -f2)"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("mpirun from Debian's openmpi-bin (the test command installs it)");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut lines: Vec<String> = text(&out.stdout).lines().map(str::to_string).collect();
+    lines.sort();
+    let want: Vec<String> = (0..2)
+        .map(|r| format!("{r} {}", p["ranks"][r]["cpus"].as_str().unwrap()))
+        .collect();
+    assert_eq!(lines, want);
+}
+
+#[test]
+fn user_environment_passes_through_and_allocator_is_a_real_file() {
+    let out = Command::new(bin())
+        .args([
+            "run",
+            "-n",
+            "1",
+            "-q",
+            "--allocator",
+            "auto",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$FOO|$LD_PRELOAD|$OMP_NUM_THREADS\"",
+        ])
+        .env("FOO", "a b;c")
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let line = text(&out.stdout);
+    let parts: Vec<&str> = line
+        .trim_end()
+        .trim_start_matches("[rank 0] ")
+        .split('|')
+        .collect();
+    assert_eq!(parts[0], "a b;c");
+    // The test command installs tcmalloc and jemalloc; auto prefers tcmalloc.
+    assert!(parts[1].contains("libtcmalloc"), "LD_PRELOAD={}", parts[1]);
+    assert!(
+        std::path::Path::new(parts[1]).is_file(),
+        "LD_PRELOAD names {}",
+        parts[1]
+    );
+    assert_eq!(parts[2], plan_json(1)["ranks"][0]["threads"].to_string());
+    // --dry-run lists what the plan replaces.
+    let out = Command::new(bin())
+        .args(["run", "-n", "1", "--dry-run", "--", "true"])
+        .env("OMP_NUM_THREADS", "8")
+        .output()
+        .unwrap();
+    assert!(
+        text(&out.stdout).contains("   (replaces 8)"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn sigint_is_forwarded_and_a_second_one_kills() {
+    let marker = "tw-sigint-7734";
+    // Ranks that exit 7 on SIGINT.
+    let child = Command::new(bin())
+        .args([
+            "run",
+            "-n",
+            "2",
+            "-q",
+            "--",
+            "bash",
+            "-c",
+            &format!("trap 'exit 7' INT; while :; do sleep 0.05; done # {marker}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("stopped by SIGINT"));
+    assert!(survivors(marker).is_empty());
+
+    // Ranks that ignore SIGINT and SIGTERM: the second SIGINT kills at once.
+    let marker = "tw-stubborn-7735";
+    let mut child = Command::new(bin())
+        .args([
+            "run",
+            "-n",
+            "2",
+            "-q",
+            "--grace",
+            "30",
+            "--",
+            "bash",
+            "-c",
+            &format!("trap '' INT TERM; while :; do sleep 0.05; done # {marker}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    let t = Instant::now();
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    std::thread::sleep(Duration::from_millis(200));
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(survivors(marker).is_empty());
+}
+
+#[test]
+fn ranks_die_with_a_sigkilled_threadwise() {
+    let marker = "tw-orphan-9921";
+    let mut child = Command::new(bin())
+        .args([
+            "run",
+            "-n",
+            "2",
+            "-q",
+            "--",
+            "bash",
+            "-c",
+            &format!("while :; do sleep 0.05; done # {marker}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    let before = survivors(marker).len();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(before >= 2, "the ranks were running: {before}");
+    let t = Instant::now();
+    while !survivors(marker).is_empty() && t.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(survivors(marker).is_empty(), "{:?}", survivors(marker));
+}
+
+#[test]
+fn clear_errors_and_nothing_started() {
+    let (out, _) = run(&["-n", "2", "--", "no-such-program-xyz"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("command not found: no-such-program-xyz"));
+    let (out, _) = run(&["-n", "2"]);
+    assert_eq!(out.status.code(), Some(2));
+    let (out, _) = run(&["-n", "4096", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("4096 ranks need 4096 physical cores"));
+    let (out, _) = run(&["-n", "1", "--log-dir", "/proc/forbidden", "--", "true"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(text(&out.stderr).contains("cannot create log directory /proc/forbidden"));
+    let (out, _) = run(&[
+        "--nnodes",
+        "2",
+        "--rdzv-endpoint",
+        "127.0.0.1:29400",
+        "--torchrun",
+        "/nonexistent/torchrun",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(text(&out.stderr).contains("multi-node runs go through torchrun"));
+}
