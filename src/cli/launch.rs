@@ -48,6 +48,7 @@ fn launch_of(rank: &RankPlan, argv: &[OsString], extra: BTreeMap<String, String>
     RankLaunch {
         local_rank: rank.local_rank,
         argv: argv.to_vec(),
+        program: None,
         env,
         placement,
         cpus: if rank.bind {
@@ -167,23 +168,26 @@ pub fn run(a: RunCmd) -> Result<(), Failure> {
     if let Some(first) = launches.first() {
         note_overrides(first);
     }
-    for l in &mut launches {
-        if let Err((what, source)) = preflight(&l.placement) {
-            if !a.allow_unbound {
-                return Err(LaunchError::Placement {
-                    rank: l.local_rank,
-                    what,
-                    cpus: l.cpus.clone(),
-                    source,
-                }
-                .into());
+    let placements: Vec<_> = launches.iter().map(|l| l.placement.clone()).collect();
+    if let Some((i, what, source)) = preflight(&placements) {
+        let l = &launches[i];
+        if !a.allow_unbound {
+            return Err(LaunchError::Placement {
+                rank: l.local_rank,
+                what,
+                cpus: l.cpus.clone(),
+                source,
             }
-            eprintln!(
-                "threadwise: warning: rank {} runs unbound ({what} refused: {source})",
-                l.local_rank
-            );
+            .into());
+        }
+        eprintln!("threadwise: warning: ranks run unbound (rank {i}: {what} refused: {source})");
+        for l in &mut launches {
             l.placement = Default::default();
         }
+    }
+    let program = resolve(program)?;
+    for l in &mut launches {
+        l.program = Some(program.clone());
     }
     let opts = RunOptions {
         grace: Duration::from_secs_f64(a.grace),

@@ -86,6 +86,8 @@ impl LaunchError {
 pub struct RankLaunch {
     pub local_rank: usize,
     pub argv: Vec<OsString>,
+    /// argv[0] resolved through PATH, when it was.
+    pub program: Option<PathBuf>,
     /// Variables set or replaced for this rank; the rest is inherited.
     pub env: BTreeMap<String, String>,
     pub placement: Placement,
@@ -120,13 +122,19 @@ pub fn placement_of(rank: &RankPlan) -> (Placement, String) {
     (p, desc)
 }
 
-/// Check a placement in a scratch thread before any rank starts, so a refusal
-/// is reported once, up front, and never leaves half a launch behind.
-pub fn preflight(p: &Placement) -> Result<(), (&'static str, std::io::Error)> {
-    let p = p.clone();
-    std::thread::spawn(move || p.apply())
-        .join()
-        .unwrap_or(Ok(()))
+/// Check placements in one scratch thread before any rank starts, so a refusal
+/// is reported once, up front, and never leaves half a launch behind. Returns
+/// the index of the first refused placement with the error.
+pub fn preflight(ps: &[Placement]) -> Option<(usize, &'static str, std::io::Error)> {
+    let ps = ps.to_vec();
+    std::thread::spawn(move || {
+        ps.iter()
+            .enumerate()
+            .find_map(|(i, p)| p.apply().err().map(|(what, e)| (i, what, e)))
+    })
+    .join()
+    .ok()
+    .flatten()
 }
 
 /// Resolve a program the way execvp would, to fail before starting anything.

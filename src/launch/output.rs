@@ -47,7 +47,9 @@ pub fn pump(
     } else {
         String::new()
     };
-    std::thread::spawn(move || {
+    // A small stack: the thread only copies bytes, and 2 threads per rank add up.
+    let builder = std::thread::Builder::new().stack_size(64 * 1024);
+    let spawned = builder.spawn(move || {
         let mut reader = BufReader::with_capacity(64 * 1024, pipe);
         let mut log = log;
         let mut line = Vec::with_capacity(256);
@@ -80,7 +82,8 @@ pub fn pump(
                 };
             }
         }
-    })
+    });
+    spawned.expect("cannot start an output thread")
 }
 
 /// Read up to and including '\n', or MAX_LINE bytes, or to EOF.

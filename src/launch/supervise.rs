@@ -102,8 +102,14 @@ struct Running {
 }
 
 fn spawn_rank(r: &RankLaunch, parent: i32) -> std::io::Result<std::process::Child> {
-    let mut cmd = Command::new(&r.argv[0]);
-    cmd.args(&r.argv[1..])
+    // The resolved path spares a PATH search per rank; argv[0] stays as typed.
+    let mut cmd = Command::new(
+        r.program
+            .as_ref()
+            .map_or(r.argv[0].as_os_str(), |p| p.as_os_str()),
+    );
+    cmd.arg0(&r.argv[0])
+        .args(&r.argv[1..])
         .envs(&r.env)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -139,6 +145,11 @@ fn timeval(t: libc::timeval) -> Duration {
 
 /// Reap every child that has ended; returns (pid, status, rusage).
 fn reap() -> Vec<(i32, libc::c_int, libc::rusage)> {
+    reap_all().0
+}
+
+/// Reap what has ended, and say whether any child is still alive.
+fn reap_all() -> (Vec<(i32, libc::c_int, libc::rusage)>, bool) {
     let mut out = vec![];
     loop {
         let mut status = 0;
@@ -147,7 +158,8 @@ fn reap() -> Vec<(i32, libc::c_int, libc::rusage)> {
         // SAFETY: valid pointers to status and rusage.
         let pid = unsafe { libc::wait4(-1, &mut status, libc::WNOHANG, &mut ru) };
         if pid <= 0 {
-            return out;
+            // 0: children remain, none has ended; -1 (ECHILD): no child at all.
+            return (out, pid == 0);
         }
         out.push((pid, status, ru));
     }
@@ -158,6 +170,9 @@ fn kill_orphans() {
     let me = std::process::id() as i32;
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
+        if !reap_all().1 {
+            return; // no descendant was re-parented to us
+        }
         let orphans: Vec<i32> = std::fs::read_dir("/proc")
             .into_iter()
             .flatten()
@@ -203,13 +218,23 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
     let mut running: Vec<Running> = vec![];
     let mut pumps: Vec<JoinHandle<()>> = vec![];
     let mut tails: Vec<Tail> = vec![];
+    // Fork every rank before any output thread exists: forking a process with
+    // one thread copies less and needs no TLB shootdown on the other CPUs.
+    let mut children = vec![];
     for r in ranks {
-        let (out_log, err_log) = (
+        let logs = (
             open_log(&opts.log_dir, r.local_rank, "stdout")?,
             open_log(&opts.log_dir, r.local_rank, "stderr")?,
         );
-        let mut child = match spawn_rank(r, parent) {
-            Ok(c) => c,
+        match spawn_rank(r, parent) {
+            Ok(c) => {
+                running.push(Running {
+                    pid: c.id() as i32,
+                    started: Instant::now(),
+                    result: None,
+                });
+                children.push((c, logs));
+            }
             Err(source) => {
                 for p in &running {
                     os::kill_group(p.pid, libc::SIGKILL);
@@ -221,7 +246,9 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
                     source,
                 });
             }
-        };
+        }
+    }
+    for (r, (mut child, (out_log, err_log))) in ranks.iter().zip(children) {
         let tail: Tail = Arc::new(Mutex::new(Default::default()));
         if let Some(p) = child.stdout.take() {
             pumps.push(output::pump(
@@ -244,11 +271,6 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
             ));
         }
         tails.push(tail);
-        running.push(Running {
-            pid: child.id() as i32,
-            started: Instant::now(),
-            result: None,
-        });
     }
 
     let mut first_failure = None;
