@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian machine as root: installs what the
 # tests need (hwloc's lstopo as the topology oracle, Open MPI's mpirun, the
-# jemalloc and tcmalloc libraries), then fmt, clippy, tests.
+# jemalloc and tcmalloc libraries, a one-node Slurm), then fmt, clippy, tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +16,11 @@ if ((${#need[@]})); then
   echo "installing: ${need[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+# A real one-node Slurm for the srun tests (the shared script installs and starts it).
+if ! command -v srun >/dev/null || ! pgrep -x slurmctld >/dev/null || ! pgrep -x slurmd >/dev/null; then
+  command -v srun >/dev/null || apt-get update -qq
+  bash ../shared/scripts/slurm-single-node.sh >/dev/null
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 

@@ -230,6 +230,35 @@ impl CpuSet {
         Ok(set)
     }
 
+    /// Parse one hex number of any width, "0x" optional: Slurm's and taskset's
+    /// mask form ("0xff00000000000000000000").
+    pub fn parse_hex(text: &str) -> Result<CpuSet, CpuSetError> {
+        let err = |why: &str| CpuSetError::Mask {
+            text: text.to_string(),
+            why: why.to_string(),
+        };
+        let t = text.trim();
+        let hex = t
+            .strip_prefix("0x")
+            .or_else(|| t.strip_prefix("0X"))
+            .unwrap_or(t);
+        if hex.is_empty() || hex.len() > MAX_CPU / 4 {
+            return Err(err("not a hex mask"));
+        }
+        let mut set = CpuSet::new();
+        for (i, c) in hex.bytes().rev().enumerate() {
+            let v = (c as char)
+                .to_digit(16)
+                .ok_or_else(|| err("not hexadecimal"))?;
+            for b in 0..4 {
+                if v & (1 << b) != 0 {
+                    set.insert(i * 4 + b);
+                }
+            }
+        }
+        Ok(set)
+    }
+
     /// The Linux mask form, 32-bit words most significant first: "ff,00000000".
     pub fn to_mask(&self) -> String {
         let Some(last) = self.last() else {
@@ -365,6 +394,12 @@ mod tests {
             "0-1,8-9,16-17,24-25,80-81,88-89,96-97,104-105"
         );
         assert!(CpuSet::parse_mask("xyz").is_err());
+        assert_eq!(CpuSet::parse_hex("0x1").unwrap().to_string(), "0");
+        let wide = CpuSet::parse_hex("0xff000000000000000000000000000000ff000000000000").unwrap();
+        assert_eq!(wide.to_string(), "48-55,176-183");
+        assert_eq!(CpuSet::parse_hex(&wide.to_hex()).unwrap(), wide);
+        assert!(CpuSet::parse_hex("0x").is_err());
+        assert!(CpuSet::parse_hex("0xfg").is_err());
         assert!(CpuSet::parse_mask("0,123456789").is_err());
     }
 
@@ -403,6 +438,7 @@ mod tests {
             let s = String::from_utf8_lossy(&b);
             let _ = CpuSet::parse_list(&s);
             let _ = CpuSet::parse_mask(&s);
+            let _ = CpuSet::parse_hex(&s);
         }
 
         #[test]

@@ -297,8 +297,11 @@ pub fn bind_cmd(a: BindCmd) -> Result<(), Failure> {
     let mut t = live_topology()?;
     if launcher.binds_ranks {
         // srun and mpirun bind each rank already: its mask is its own, not the
-        // node's. Plan from the cgroup (the job's CPUs) like every sibling does.
-        t.limits.affinity = None;
+        // node's. Plan from what every sibling sees alike: the union of the
+        // masks Slurm applied, else the cgroup (the job's CPUs).
+        t.limits.affinity = (launcher.name == "Slurm")
+            .then(|| detect::slurm_node_cpus(&current))
+            .flatten();
         t.apply_limits();
     }
     let mut req = request(&a.plan);

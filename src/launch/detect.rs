@@ -149,6 +149,26 @@ pub fn detect(env: &dyn Fn(&str) -> Option<String>) -> Result<Launcher, LaunchEr
     Ok(found)
 }
 
+/// The CPUs Slurm gave this step on this node, from the binding it applied to
+/// each task (SLURM_CPU_BIND_TYPE mask_cpu/map_cpu with SLURM_CPU_BIND_LIST):
+/// their union is the job's set here, the same for every task.
+pub fn slurm_node_cpus(env: &dyn Fn(&str) -> Option<String>) -> Option<crate::cpuset::CpuSet> {
+    let kind = env("SLURM_CPU_BIND_TYPE")?;
+    let list = env("SLURM_CPU_BIND_LIST")?;
+    let mut all = crate::cpuset::CpuSet::new();
+    for item in list.split(',').filter(|s| !s.is_empty()) {
+        let set = if kind.starts_with("mask_cpu") {
+            crate::cpuset::CpuSet::parse_hex(item).ok()?
+        } else if kind.starts_with("map_cpu") {
+            std::iter::once(item.trim().parse::<usize>().ok()?).collect()
+        } else {
+            return None;
+        };
+        all = all.union(&set);
+    }
+    (!all.is_empty()).then_some(all)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,5 +257,16 @@ mod tests {
                 .contains("SLURM_TASKS_PER_NODE")
         );
         assert_eq!(slurm_tasks_per_node("2(x3),1").unwrap(), vec![2, 2, 2, 1]);
+        let s = |t: &str, l: &str| {
+            slurm_node_cpus(&env_of(&[
+                ("SLURM_CPU_BIND_TYPE", t),
+                ("SLURM_CPU_BIND_LIST", l),
+            ]))
+            .map(|c| c.to_string())
+        };
+        assert_eq!(s("mask_cpu:", "0x1,0x2").as_deref(), Some("0-1"));
+        assert_eq!(s("map_cpu:", "4,6").as_deref(), Some("4,6"));
+        assert_eq!(s("none", ""), None);
+        assert_eq!(s("mask_cpu:", "0xzz"), None);
     }
 }

@@ -5,6 +5,7 @@ mod cgroups;
 mod cli;
 mod plans;
 mod run;
+mod slurm;
 mod topologies;
 
 use std::path::PathBuf;
