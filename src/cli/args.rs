@@ -30,6 +30,8 @@ pub enum Command {
     Run(RunCmd),
     /// Apply one rank's slice under another launcher (torchrun, srun, mpirun) and exec CMD
     Bind(BindCmd),
+    /// Measure configurations on your training command (or the built-in workload)
+    Tune(TuneCmd),
 }
 
 /// Where the topology comes from (default: this machine).
@@ -216,6 +218,9 @@ pub struct RunCmd {
     /// torchrun to use for multi-node jobs (default: torchrun on PATH)
     #[arg(long, value_name = "PATH")]
     pub torchrun: Option<OsString>,
+    /// Use a saved plan (threadwise tune --save-plan) instead of planning
+    #[arg(long = "plan", value_name = "FILE")]
+    pub plan_file: Option<PathBuf>,
     /// The command each rank runs (no shell in between)
     #[arg(last = true, value_name = "CMD", required = true)]
     pub command: Vec<OsString>,
@@ -233,5 +238,67 @@ pub struct BindCmd {
     pub allow_unbound: bool,
     /// The command to become
     #[arg(last = true, value_name = "CMD", required = true)]
+    pub command: Vec<OsString>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StrategyArg {
+    /// Every configuration in every round
+    All,
+    /// After each round, drop configurations clearly worse than the best
+    Halving,
+}
+
+#[derive(Args, Debug)]
+pub struct TuneCmd {
+    #[command(flatten)]
+    pub plan: PlanArgs,
+    /// Measured runs per configuration
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Unmeasured runs per configuration first
+    #[arg(long, default_value_t = 0)]
+    pub warmup: usize,
+    #[arg(long, value_enum, default_value_t = StrategyArg::All)]
+    pub strategy: StrategyArg,
+    /// A grid instead of the default rows: threads=1,2,4 policy=none,exclusive workers=2,4 allocator=none,jemalloc
+    #[arg(long, value_name = "KEY=V1,V2 ...", num_args = 1..)]
+    pub grid: Vec<String>,
+    /// Add a configuration: NAME=key=value ... (e.g. 'lean=threads=2 policy=l3')
+    #[arg(long, value_name = "NAME=OPTIONS")]
+    pub config: Vec<String>,
+    /// Throughput regex with one capture group (default: "<n> img/s", samples/s, tokens/s, it/s ...)
+    #[arg(long, value_name = "REGEX")]
+    pub metric: Option<String>,
+    /// Seconds one trial may take before it is stopped
+    #[arg(long, default_value_t = 600.0, value_name = "SECS")]
+    pub timeout: f64,
+    /// Write the report as JSON (threadwise.tune/1), rewritten after every trial
+    #[arg(long, value_name = "FILE")]
+    pub export_json: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    pub export_csv: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    pub export_markdown: Option<PathBuf>,
+    /// Bar chart of throughput with min-max whiskers
+    #[arg(long, value_name = "FILE")]
+    pub export_svg: Option<PathBuf>,
+    /// Save the winner's plan for threadwise run --plan FILE
+    #[arg(long, value_name = "FILE")]
+    pub save_plan: Option<PathBuf>,
+    /// Built-in workload: seconds measured per trial
+    #[arg(long, default_value_t = 1.5, value_name = "SECS")]
+    pub work_seconds: f64,
+    /// Built-in workload: layer width
+    #[arg(long, default_value_t = 192)]
+    pub work_size: usize,
+    /// Built-in workload: samples per step per rank
+    #[arg(long, default_value_t = 8)]
+    pub work_batch: usize,
+    /// Built-in workload: parallel regions (layers) per step
+    #[arg(long, default_value_t = 8)]
+    pub work_layers: usize,
+    /// Your training command (default: the built-in workload)
+    #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }

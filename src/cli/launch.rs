@@ -13,8 +13,8 @@ use crate::export::{quote, quote_all, request_args};
 use crate::launch::env::{Job, free_port, overridden, run_id, torchrun_env};
 use crate::launch::output::OutputOptions;
 use crate::launch::supervise::{self, RunOptions};
-use crate::launch::{LaunchError, RankLaunch, bind, detect, placement_of, preflight, resolve};
-use crate::plan::{self, AllocatorChoice, Facts, NProc, Plan, PlanRequest, RankPlan};
+use crate::launch::{LaunchError, RankLaunch, bind, detect, preflight, rank_launch, resolve};
+use crate::plan::{self, AllocatorChoice, Facts, NProc, Plan, PlanRequest};
 use crate::topology::Topology;
 
 impl From<LaunchError> for Failure {
@@ -38,25 +38,6 @@ fn facts(req: &PlanRequest) -> Facts {
         } else {
             plan::find_allocators()
         },
-    }
-}
-
-fn launch_of(rank: &RankPlan, argv: &[OsString], extra: BTreeMap<String, String>) -> RankLaunch {
-    let mut env = rank.env.clone();
-    env.extend(extra);
-    let (placement, mem) = placement_of(rank);
-    RankLaunch {
-        local_rank: rank.local_rank,
-        argv: argv.to_vec(),
-        program: None,
-        env,
-        placement,
-        cpus: if rank.bind {
-            rank.cpus.to_string()
-        } else {
-            format!("{} (unbound)", rank.cpus)
-        },
-        mem,
     }
 }
 
@@ -109,6 +90,59 @@ fn dry_run(plan: &Plan, launches: &[RankLaunch]) -> String {
     s
 }
 
+/// A plan saved by `tune --save-plan`, checked against this machine.
+fn saved_plan(path: &std::path::Path, t: &Topology) -> Result<Plan, Failure> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Failure::usage(
+            format!("cannot read --plan {}: {e}", path.display()),
+            "give a file from threadwise tune --save-plan or plan --json",
+        )
+    })?;
+    let p: Plan = serde_json::from_str(&text).map_err(|e| {
+        Failure::usage(
+            format!(
+                "--plan {} is not a threadwise.plan/1 document: {e}",
+                path.display()
+            ),
+            "give a file from threadwise tune --save-plan or plan --json",
+        )
+    })?;
+    if p.schema != plan::PLAN_SCHEMA {
+        return Err(Failure::usage(
+            format!(
+                "--plan {}: schema {:?}, expected {}",
+                path.display(),
+                p.schema,
+                plan::PLAN_SCHEMA
+            ),
+            "re-create it with this version",
+        ));
+    }
+    if let Some(r) = p
+        .ranks
+        .iter()
+        .find(|r| r.bind && !r.cpus.is_subset(&t.allowed_cpus))
+    {
+        return Err(Failure::env(
+            format!(
+                "--plan {}: rank {} uses CPUs {} but this process may use {}",
+                path.display(),
+                r.local_rank,
+                r.cpus,
+                t.allowed_cpus
+            ),
+            "the plan was made for another machine or cgroup; plan again here",
+        ));
+    }
+    if p.ranks.is_empty() {
+        return Err(Failure::usage(
+            format!("--plan {} has no ranks", path.display()),
+            "re-create it",
+        ));
+    }
+    Ok(p)
+}
+
 fn live_topology() -> Result<Topology, Failure> {
     load(&SourceArgs::default())
 }
@@ -126,7 +160,10 @@ pub fn run(a: RunCmd) -> Result<(), Failure> {
     }
     let req = request(&a.plan);
     let t = live_topology()?;
-    let p = plan::plan(&t, &req, &facts(&req))?;
+    let p = match &a.plan_file {
+        Some(path) => saved_plan(path, &t)?,
+        None => plan::plan(&t, &req, &facts(&req))?,
+    };
     if a.plan.nnodes > 1 || a.rdzv_endpoint.is_some() {
         return multi_node(&a, &p);
     }
@@ -160,8 +197,11 @@ pub fn run(a: RunCmd) -> Result<(), Failure> {
     let mut launches: Vec<RankLaunch> = p
         .ranks
         .iter()
-        .map(|r| launch_of(r, &a.command, torchrun_env(&job, r.local_rank)))
+        .map(|r| rank_launch(r, &a.command, torchrun_env(&job, r.local_rank)))
         .collect();
+    for l in &mut launches {
+        l.env_remove = p.unset_env.clone();
+    }
     if a.dry_run {
         return super::emit(&dry_run(&p, &launches));
     }
@@ -194,7 +234,9 @@ pub fn run(a: RunCmd) -> Result<(), Failure> {
         output: OutputOptions {
             prefix: !a.no_prefix,
             show: a.local_ranks_filter.clone(),
+            capture: None,
         },
+        timeout: None,
         log_dir: a.log_dir.clone(),
     };
     let outcome = supervise::run(&launches, &opts)?;
@@ -335,7 +377,7 @@ pub fn bind_cmd(a: BindCmd) -> Result<(), Failure> {
             }
         }
     }
-    let l = launch_of(rank, &a.command, extra);
+    let l = rank_launch(rank, &a.command, extra);
     if a.dry_run {
         return super::emit(&dry_run(
             &Plan {

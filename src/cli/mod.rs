@@ -4,6 +4,7 @@
 mod args;
 mod launch;
 mod topo;
+mod tune;
 
 use std::io::Write;
 
@@ -69,6 +70,7 @@ pub fn main() -> i32 {
         Command::Plan(a) => topo::plan(a),
         Command::Run(a) => launch::run(a),
         Command::Bind(a) => launch::bind_cmd(a),
+        Command::Tune(a) => tune::tune_cmd(a),
     };
     match result {
         Ok(()) => 0,

@@ -2,9 +2,7 @@
 //! through `threadwise bind` (torchrun's `--no-python` runs it directly).
 
 use super::{Context, ExportError, Exporter, quote_all};
-use crate::plan::{
-    AllocatorChoice, Amount, GpuSelect, MemPolicy, NProc, Plan, PlanRequest, Policy, Profile,
-};
+use crate::plan::{Amount, GpuSelect, MemPolicy, NProc, Plan, PlanRequest, Policy, Profile};
 
 /// The plan options that reproduce a request (defaults left out).
 pub fn request_args(req: &PlanRequest) -> Vec<String> {
@@ -33,13 +31,7 @@ pub fn request_args(req: &PlanRequest) -> Vec<String> {
         opt("mem", req.mem.to_string());
     }
     if req.allocator != d.allocator {
-        let s = match req.allocator {
-            AllocatorChoice::None => "none",
-            AllocatorChoice::Jemalloc => "jemalloc",
-            AllocatorChoice::Tcmalloc => "tcmalloc",
-            AllocatorChoice::Auto => "auto",
-        };
-        opt("allocator", s.to_string());
+        opt("allocator", req.allocator.to_string());
     }
     if req.profile == Profile::Seed {
         opt("profile", "seed".to_string());

@@ -90,6 +90,8 @@ pub struct RankLaunch {
     pub program: Option<PathBuf>,
     /// Variables set or replaced for this rank; the rest is inherited.
     pub env: BTreeMap<String, String>,
+    /// Variables removed from the inherited environment.
+    pub env_remove: Vec<String>,
     pub placement: Placement,
     pub cpus: String,
     pub mem: String,
@@ -120,6 +122,31 @@ pub fn placement_of(rank: &RankPlan) -> (Placement, String) {
         mem: mem.filter(|(m, w)| *m == os::MPOL_LOCAL || !w.is_empty()),
     };
     (p, desc)
+}
+
+/// One rank's launch: the plan's environment plus `extra`, its placement.
+pub fn rank_launch(
+    rank: &RankPlan,
+    argv: &[OsString],
+    extra: BTreeMap<String, String>,
+) -> RankLaunch {
+    let mut env = rank.env.clone();
+    env.extend(extra);
+    let (placement, mem) = placement_of(rank);
+    RankLaunch {
+        local_rank: rank.local_rank,
+        argv: argv.to_vec(),
+        program: None,
+        env_remove: vec![],
+        env,
+        placement,
+        cpus: if rank.bind {
+            rank.cpus.to_string()
+        } else {
+            format!("{} (unbound)", rank.cpus)
+        },
+        mem,
+    }
 }
 
 /// Check placements in one scratch thread before any rank starts, so a refusal

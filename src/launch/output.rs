@@ -27,6 +27,8 @@ pub struct OutputOptions {
     pub prefix: bool,
     /// Ranks whose output is shown on the terminal (None: all).
     pub show: Option<Vec<usize>>,
+    /// Also keep every line (stdout and stderr, all ranks) here.
+    pub capture: Option<Arc<Mutex<Vec<String>>>>,
 }
 
 /// The last stderr lines of one rank.
@@ -47,6 +49,7 @@ pub fn pump(
     } else {
         String::new()
     };
+    let capture = opts.capture.clone();
     // A small stack: the thread only copies bytes, and 2 threads per rank add up.
     let builder = std::thread::Builder::new().stack_size(64 * 1024);
     let spawned = builder.spawn(move || {
@@ -61,6 +64,10 @@ pub fn pump(
             };
             if let Some(f) = log.as_mut() {
                 let _ = f.write_all(&line[..n]);
+            }
+            if let Some(c) = &capture {
+                let text = String::from_utf8_lossy(&line).trim_end().to_string();
+                c.lock().unwrap_or_else(|e| e.into_inner()).push(text);
             }
             if let Some(t) = &tail {
                 let mut t = t.lock().unwrap_or_else(|e| e.into_inner());

@@ -27,8 +27,18 @@ pub struct SignalPipe {
 pub const FORWARDED: [i32; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
 impl SignalPipe {
-    /// Install the handlers (once per process).
-    pub fn install() -> std::io::Result<SignalPipe> {
+    /// The process's signal pipe, installed on first use (later runs, such as
+    /// tune's trials, share it).
+    pub fn get() -> std::io::Result<&'static SignalPipe> {
+        static PIPE: std::sync::OnceLock<SignalPipe> = std::sync::OnceLock::new();
+        if let Some(p) = PIPE.get() {
+            return Ok(p);
+        }
+        let p = Self::install()?;
+        Ok(PIPE.get_or_init(|| p))
+    }
+
+    fn install() -> std::io::Result<SignalPipe> {
         let mut fds = [0; 2];
         // SAFETY: fds is a valid array of two ints.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {

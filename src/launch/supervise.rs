@@ -21,6 +21,8 @@ use crate::os;
 #[derive(Debug, Clone)]
 pub struct RunOptions {
     pub grace: Duration,
+    /// Stop every rank (SIGTERM, grace, SIGKILL) after this long.
+    pub timeout: Option<Duration>,
     pub output: OutputOptions,
     pub log_dir: Option<PathBuf>,
 }
@@ -82,6 +84,8 @@ pub struct Outcome {
     pub signal: Option<i32>,
     pub tails: Vec<Vec<String>>,
     pub wall: Duration,
+    /// The run hit `RunOptions::timeout`.
+    pub timed_out: bool,
 }
 
 impl Outcome {
@@ -108,6 +112,9 @@ fn spawn_rank(r: &RankLaunch, parent: i32) -> std::io::Result<std::process::Chil
             .as_ref()
             .map_or(r.argv[0].as_os_str(), |p| p.as_os_str()),
     );
+    for k in &r.env_remove {
+        cmd.env_remove(k);
+    }
     cmd.arg0(&r.argv[0])
         .args(&r.argv[1..])
         .envs(&r.env)
@@ -201,7 +208,7 @@ fn kill_orphans() {
 
 /// Start every rank and supervise them to the end.
 pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchError> {
-    let signals = SignalPipe::install().map_err(|source| LaunchError::Spawn {
+    let signals = SignalPipe::get().map_err(|source| LaunchError::Spawn {
         rank: 0,
         program: "signal pipe".into(),
         source,
@@ -276,6 +283,8 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
     let mut first_failure = None;
     let mut user_signal = None;
     let mut kill_at: Option<Instant> = None;
+    let deadline = opts.timeout.map(|t| start + t);
+    let mut timed_out = false;
     let live = |running: &[Running]| {
         running
             .iter()
@@ -284,10 +293,15 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
             .collect::<Vec<_>>()
     };
     while running.iter().any(|r| r.result.is_none()) {
-        let timeout = kill_at.map_or(-1, |t| {
+        let wake = match (kill_at, deadline.filter(|_| !timed_out)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let timeout = wake.map_or(-1, |t| {
             t.saturating_duration_since(Instant::now())
                 .as_millis()
                 .min(i32::MAX as u128) as i32
+                + 1
         });
         let got = signals.wait(timeout);
         for (pid, status, ru) in reap() {
@@ -325,6 +339,13 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
                 kill_at = Some(Instant::now());
             }
         }
+        if !timed_out && kill_at.is_none() && deadline.is_some_and(|d| Instant::now() >= d) {
+            timed_out = true;
+            for p in live(&running) {
+                os::kill_group(p, libc::SIGTERM);
+            }
+            kill_at = Some(Instant::now() + opts.grace);
+        }
         if kill_at.is_some_and(|t| Instant::now() >= t) {
             for p in live(&running) {
                 os::kill_group(p, libc::SIGKILL);
@@ -353,6 +374,7 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
             })
             .collect(),
         wall: start.elapsed(),
+        timed_out,
     })
 }
 

@@ -121,6 +121,9 @@ pub struct Plan {
     pub ranks: Vec<RankPlan>,
     /// Decisions that concern every rank.
     pub reasons: Vec<String>,
+    /// Variables to remove from the ranks' environment (a tuned "threads unset" plan).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unset_env: Vec<String>,
 }
 
 /// The GPUs the request selects, in the order ranks take them.
@@ -231,6 +234,7 @@ pub fn plan(topo: &Topology, req: &PlanRequest, facts: &Facts) -> Result<Plan, P
         allocator,
         ranks,
         reasons,
+        unset_env: vec![],
     })
 }
 

@@ -256,6 +256,35 @@ impl fmt::Display for MemPolicy {
     }
 }
 
+macro_rules! enum_from_str {
+    ($t:ty, $what:literal, [$($name:literal => $v:expr),*]) => {
+        impl FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($name => Ok($v),)*
+                    _ => Err(format!("{s:?}: expected {} one of {}", $what, [$($name),*].join(", "))),
+                }
+            }
+        }
+    };
+}
+enum_from_str!(Policy, "a policy,", ["exclusive" => Policy::Exclusive, "node" => Policy::Node, "socket" => Policy::Socket, "l3" => Policy::L3, "single" => Policy::Single, "none" => Policy::None]);
+enum_from_str!(MemPolicy, "a memory policy,", ["local" => MemPolicy::Local, "preferred" => MemPolicy::Preferred, "bind" => MemPolicy::Bind, "interleave" => MemPolicy::Interleave, "none" => MemPolicy::None]);
+enum_from_str!(AllocatorChoice, "an allocator,", ["none" => AllocatorChoice::None, "jemalloc" => AllocatorChoice::Jemalloc, "tcmalloc" => AllocatorChoice::Tcmalloc, "auto" => AllocatorChoice::Auto]);
+enum_from_str!(Profile, "a profile,", ["auto" => Profile::Auto, "seed" => Profile::Seed]);
+
+impl fmt::Display for AllocatorChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AllocatorChoice::None => "none",
+            AllocatorChoice::Jemalloc => "jemalloc",
+            AllocatorChoice::Tcmalloc => "tcmalloc",
+            AllocatorChoice::Auto => "auto",
+        })
+    }
+}
+
 impl fmt::Display for AllocatorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

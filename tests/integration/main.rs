@@ -7,6 +7,7 @@ mod plans;
 mod run;
 mod slurm;
 mod topologies;
+mod tune;
 
 use std::path::PathBuf;
 

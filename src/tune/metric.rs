@@ -1,0 +1,117 @@
+//! Throughput from a command's output: the last match of `--metric REGEX` (one
+//! capture group), or by default the last "<number> img/s" (samples/s,
+//! tokens/s, it/s, ...) anywhere in the output.
+
+use regex::Regex;
+
+/// The default: a number followed by a per-second unit.
+pub const DEFAULT_METRIC: &str = r"(?i)([0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)\s*((?:img|imgs|images|samples|sample|tokens|tok|it|examples|seq|sequences|steps)/s)\b";
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetricError {
+    #[error("--metric {pattern:?} is not a valid regex: {why}")]
+    Invalid { pattern: String, why: String },
+    #[error("--metric {pattern:?} must have exactly one capture group (it has {groups})")]
+    Groups { pattern: String, groups: usize },
+}
+
+/// A compiled metric pattern.
+#[derive(Debug, Clone)]
+pub struct Metric {
+    re: Regex,
+    /// The default pattern also captures the unit (group 2).
+    default: bool,
+}
+
+impl Metric {
+    pub fn new(pattern: Option<&str>) -> Result<Metric, MetricError> {
+        let default = pattern.is_none();
+        let pattern = pattern.unwrap_or(DEFAULT_METRIC);
+        let re = Regex::new(pattern).map_err(|e| MetricError::Invalid {
+            pattern: pattern.to_string(),
+            why: e.to_string(),
+        })?;
+        let groups = re.captures_len() - 1;
+        if !default && groups != 1 {
+            return Err(MetricError::Groups {
+                pattern: pattern.to_string(),
+                groups,
+            });
+        }
+        Ok(Metric { re, default })
+    }
+
+    /// The last value the output reports.
+    pub fn find(&self, lines: &[String]) -> Option<f64> {
+        self.find_with_unit(lines).map(|(v, _)| v)
+    }
+
+    /// The last value and, with the default pattern, its unit ("img/s").
+    pub fn find_with_unit(&self, lines: &[String]) -> Option<(f64, Option<String>)> {
+        lines.iter().rev().find_map(|l| {
+            let caps = self.re.captures_iter(l).last()?;
+            let v = caps
+                .get(1)?
+                .as_str()
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite())?;
+            let unit = if self.default {
+                caps.get(2).map(|u| u.as_str().to_string())
+            } else {
+                None
+            };
+            Some((v, unit))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(s: &[&str]) -> Vec<String> {
+        s.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn default_forms() {
+        let m = Metric::new(None).unwrap();
+        for (line, want) in [
+            ("throughput: 123.4 img/s", 123.4),
+            ("epoch 1: 98 samples/s", 98.0),
+            ("1.5e3 tokens/s", 1500.0),
+            ("step 3 | 12.5it/s", 12.5),
+            ("[rank 0] 7 images/s", 7.0),
+        ] {
+            assert_eq!(m.find(&lines(&[line])), Some(want), "{line}");
+        }
+        assert_eq!(
+            m.find(&lines(&["10 img/s", "loss 3", "20 img/s, later 30 img/s"])),
+            Some(30.0)
+        );
+        assert_eq!(m.find(&lines(&["no numbers here", "3 imgs"])), None);
+        assert_eq!(
+            m.find_with_unit(&lines(&["9 samples/s"])),
+            Some((9.0, Some("samples/s".into())))
+        );
+    }
+
+    #[test]
+    fn custom_pattern() {
+        let m = Metric::new(Some(r"speed=(\d+)")).unwrap();
+        assert_eq!(m.find(&lines(&["speed=42 x"])), Some(42.0));
+        assert!(matches!(
+            Metric::new(Some("(a)(b)")),
+            Err(MetricError::Groups { groups: 2, .. })
+        ));
+        assert!(matches!(
+            Metric::new(Some("no group")),
+            Err(MetricError::Groups { groups: 0, .. })
+        ));
+        assert!(matches!(
+            Metric::new(Some("(")),
+            Err(MetricError::Invalid { .. })
+        ));
+    }
+}

@@ -1,0 +1,416 @@
+//! `tune`: run the user's command (or the built-in workload) under several
+//! configurations, in interleaved rounds (A B C A B C, so drift hits all
+//! alike), and report throughput, CPU and GPU use with honest statistics. The
+//! loop is pure over a `TrialRunner`, so tests can drive it with a mock; the
+//! real runner (runner.rs) launches ranks through `launch`.
+
+pub mod export;
+pub mod grid;
+pub mod metric;
+pub mod report;
+pub mod runner;
+pub mod stats;
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use grid::TuneConfig;
+use metric::Metric;
+use stats::{Summary, overlaps, summarize};
+
+pub const TUNE_SCHEMA: &str = "threadwise.tune/1";
+
+/// What one launch of a configuration produced (from the runner).
+#[derive(Debug, Clone, Default)]
+pub struct TrialOutcome {
+    /// Every output line of every rank.
+    pub lines: Vec<String>,
+    pub wall: Duration,
+    pub cpu: Duration,
+    pub voluntary_cs: i64,
+    pub involuntary_cs: i64,
+    pub peak_rss_kib: i64,
+    /// None when all ranks exited 0, else the first failure's exit code.
+    pub failure: Option<String>,
+    pub timed_out: bool,
+    /// The user pressed Ctrl-C (or sent a signal): stop tuning.
+    pub interrupted: bool,
+    pub stderr_tail: Vec<String>,
+    pub gpu_util_pct: Option<f64>,
+    pub gpu_mem_mib: Option<f64>,
+    /// Could not start at all (bad plan for this config, missing allocator...).
+    pub error: Option<String>,
+}
+
+/// Runs one configuration once.
+pub trait TrialRunner {
+    fn run(&mut self, config: &TuneConfig) -> TrialOutcome;
+}
+
+/// One measured trial, as reported.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Trial {
+    pub round: usize,
+    /// "ok", "failed", "timeout", "error" or "interrupted".
+    pub status: String,
+    pub throughput: Option<f64>,
+    pub wall_s: f64,
+    pub cpu_util_pct: f64,
+    pub voluntary_cs_per_s: f64,
+    pub involuntary_cs_per_s: f64,
+    pub peak_rss_mib: f64,
+    pub gpu_util_pct: Option<f64>,
+    pub gpu_mem_mib: Option<f64>,
+    pub message: Option<String>,
+    pub stderr_tail: Vec<String>,
+}
+
+/// One configuration's results.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConfigResult {
+    pub name: String,
+    pub options: String,
+    pub throughput: Option<Summary>,
+    pub speedup: Option<f64>,
+    pub cpu_util_pct: Option<f64>,
+    pub voluntary_cs_per_s: Option<f64>,
+    pub involuntary_cs_per_s: Option<f64>,
+    pub peak_rss_mib: Option<f64>,
+    pub gpu_util_pct: Option<f64>,
+    pub gpu_mem_mib: Option<f64>,
+    /// The winner's range overlaps this one's: the data cannot tell them apart.
+    pub indistinguishable_from_winner: bool,
+    /// Dropped by --strategy halving after this round.
+    pub dropped_after_round: Option<usize>,
+    pub trials: Vec<Trial>,
+}
+
+/// The whole report (`--export-json`, schema threadwise.tune/1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TuneReport {
+    pub schema: String,
+    pub command: Vec<String>,
+    pub nproc: usize,
+    pub source: String,
+    pub cpu_budget: f64,
+    pub runs: usize,
+    pub warmup: usize,
+    /// "output" (parsed throughput) or "wall" (1 / wall time).
+    pub metric: String,
+    pub unit: String,
+    pub configs: Vec<ConfigResult>,
+    pub baseline: Option<String>,
+    pub winner: Option<String>,
+    /// False while running and when interrupted.
+    pub complete: bool,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// Every configuration every round.
+    All,
+    /// After each round, drop configurations clearly worse than the best one.
+    Halving,
+}
+
+/// How to tune.
+#[derive(Debug, Clone)]
+pub struct TuneOptions {
+    pub runs: usize,
+    pub warmup: usize,
+    pub strategy: Strategy,
+    pub metric: Metric,
+    pub cpu_budget: f64,
+}
+
+/// Progress events for the caller (progress bar, file rewrites).
+pub enum Event<'a> {
+    Start {
+        total: usize,
+    },
+    TrialStart {
+        config: &'a str,
+        round: usize,
+        warmup: bool,
+    },
+    /// After every measured trial: the report so far (write files now).
+    Updated(&'a TuneReport),
+}
+
+fn describe(c: &TuneConfig) -> String {
+    let r = &c.request;
+    if c.unset_threads {
+        return format!("threads unset, policy {}", r.policy);
+    }
+    let mut s = format!(
+        "threads {}, policy {}, workers {}",
+        r.threads, r.policy, r.workers
+    );
+    if r.allocator != crate::plan::AllocatorChoice::None {
+        s.push_str(&format!(", allocator {}", r.allocator));
+    }
+    if r.profile == crate::plan::Profile::Seed {
+        s.push_str(", profile seed");
+    }
+    if r.smt {
+        s.push_str(", smt");
+    }
+    s
+}
+
+fn trial(
+    o: &TrialOutcome,
+    round: usize,
+    metric: &Metric,
+    budget: f64,
+    wall_metric: &mut bool,
+) -> Trial {
+    let wall = o.wall.as_secs_f64().max(1e-9);
+    let status = if o.interrupted {
+        "interrupted"
+    } else if o.error.is_some() {
+        "error"
+    } else if o.timed_out {
+        "timeout"
+    } else if o.failure.is_some() {
+        "failed"
+    } else {
+        "ok"
+    };
+    let throughput = (status == "ok")
+        .then(|| metric.find(&o.lines))
+        .flatten()
+        .or_else(|| {
+            (status == "ok").then(|| {
+                *wall_metric = true;
+                1.0 / wall
+            })
+        });
+    Trial {
+        round,
+        status: status.to_string(),
+        throughput,
+        wall_s: wall,
+        cpu_util_pct: 100.0 * o.cpu.as_secs_f64() / (wall * budget.max(1e-9)),
+        voluntary_cs_per_s: o.voluntary_cs as f64 / wall,
+        involuntary_cs_per_s: o.involuntary_cs as f64 / wall,
+        peak_rss_mib: o.peak_rss_kib as f64 / 1024.0,
+        gpu_util_pct: o.gpu_util_pct,
+        gpu_mem_mib: o.gpu_mem_mib,
+        message: o
+            .error
+            .clone()
+            .or_else(|| o.failure.clone())
+            .or_else(|| o.timed_out.then(|| "timed out".to_string())),
+        stderr_tail: if status == "ok" {
+            vec![]
+        } else {
+            o.stderr_tail.clone()
+        },
+    }
+}
+
+fn median_of(trials: &[Trial], f: impl Fn(&Trial) -> Option<f64>) -> Option<f64> {
+    let v: Vec<f64> = trials
+        .iter()
+        .filter(|t| t.status == "ok")
+        .filter_map(f)
+        .collect();
+    summarize(&v).map(|s| s.median)
+}
+
+/// Recompute every summary, the baseline's speed-ups and the winner.
+pub fn finish(report: &mut TuneReport) {
+    for c in &mut report.configs {
+        let v: Vec<f64> = c
+            .trials
+            .iter()
+            .filter(|t| t.status == "ok")
+            .filter_map(|t| t.throughput)
+            .collect();
+        c.throughput = summarize(&v);
+        c.cpu_util_pct = median_of(&c.trials, |t| Some(t.cpu_util_pct));
+        c.voluntary_cs_per_s = median_of(&c.trials, |t| Some(t.voluntary_cs_per_s));
+        c.involuntary_cs_per_s = median_of(&c.trials, |t| Some(t.involuntary_cs_per_s));
+        c.peak_rss_mib = median_of(&c.trials, |t| Some(t.peak_rss_mib));
+        c.gpu_util_pct = median_of(&c.trials, |t| t.gpu_util_pct);
+        c.gpu_mem_mib = c
+            .trials
+            .iter()
+            .filter_map(|t| t.gpu_mem_mib)
+            .reduce(f64::max);
+    }
+    let base = report
+        .baseline
+        .as_ref()
+        .and_then(|b| report.configs.iter().find(|c| &c.name == b))
+        .and_then(|c| c.throughput);
+    for c in &mut report.configs {
+        c.speedup = match (c.throughput, base) {
+            (Some(t), Some(b)) if b.median > 0.0 => Some(t.median / b.median),
+            _ => None,
+        };
+    }
+    let best = report
+        .configs
+        .iter()
+        .filter_map(|c| Some((c.name.clone(), c.throughput?)))
+        .max_by(|a, b| a.1.median.total_cmp(&b.1.median));
+    report.winner = best.as_ref().map(|(n, _)| n.clone());
+    for c in &mut report.configs {
+        c.indistinguishable_from_winner = match (&best, c.throughput) {
+            (Some((n, w)), Some(t)) => *n != c.name && overlaps(w, &t),
+            _ => false,
+        };
+    }
+}
+
+/// Configurations clearly worse than the best: their best trial is below the
+/// best configuration's worst.
+fn clearly_worse(report: &TuneReport, active: &[usize]) -> Vec<usize> {
+    let best = active
+        .iter()
+        .filter_map(|&i| report.configs[i].throughput)
+        .max_by(|a, b| a.median.total_cmp(&b.median));
+    let Some(best) = best else { return vec![] };
+    active
+        .iter()
+        .copied()
+        .filter(|&i| {
+            report.configs[i]
+                .throughput
+                .is_none_or(|t| t.max < best.min)
+        })
+        .collect()
+}
+
+/// Run every configuration `runs` times (after `warmup` rounds), interleaved.
+pub fn tune(
+    configs: &[TuneConfig],
+    mut report: TuneReport,
+    opts: &TuneOptions,
+    runner: &mut dyn TrialRunner,
+    on_event: &mut dyn FnMut(Event),
+) -> TuneReport {
+    report.configs = configs
+        .iter()
+        .map(|c| ConfigResult {
+            name: c.name.clone(),
+            options: describe(c),
+            throughput: None,
+            speedup: None,
+            cpu_util_pct: None,
+            voluntary_cs_per_s: None,
+            involuntary_cs_per_s: None,
+            peak_rss_mib: None,
+            gpu_util_pct: None,
+            gpu_mem_mib: None,
+            indistinguishable_from_winner: false,
+            dropped_after_round: None,
+            trials: vec![],
+        })
+        .collect();
+    report.baseline = configs
+        .iter()
+        .find(|c| c.name == "unset")
+        .or(configs.first())
+        .map(|c| c.name.clone());
+    report.runs = opts.runs;
+    report.warmup = opts.warmup;
+    on_event(Event::Start {
+        total: configs.len() * (opts.runs + opts.warmup),
+    });
+    let mut active: Vec<usize> = (0..configs.len()).collect();
+    let mut wall_metric = false;
+    for round in 0..opts.warmup + opts.runs {
+        let warm = round < opts.warmup;
+        for &i in &active {
+            on_event(Event::TrialStart {
+                config: &configs[i].name,
+                round,
+                warmup: warm,
+            });
+            let o = runner.run(&configs[i]);
+            if o.interrupted {
+                report.warnings.push(format!(
+                    "interrupted during {} round {round}; the report holds what was measured",
+                    configs[i].name
+                ));
+                finish(&mut report);
+                on_event(Event::Updated(&report));
+                return report;
+            }
+            if warm {
+                continue;
+            }
+            if report.unit == "per s"
+                && let Some((_, Some(u))) = opts.metric.find_with_unit(&o.lines)
+            {
+                report.unit = u;
+            }
+            let t = trial(
+                &o,
+                round - opts.warmup,
+                &opts.metric,
+                opts.cpu_budget,
+                &mut wall_metric,
+            );
+            report.configs[i].trials.push(t);
+            if wall_metric && report.metric != "wall" {
+                report.metric = "wall".into();
+                report.unit = "runs/s".into();
+                report.warnings.push(
+                    "no throughput found in the output (--metric): ranked by 1 / wall time".into(),
+                );
+            }
+            finish(&mut report);
+            on_event(Event::Updated(&report));
+        }
+        // Halving judges from the second measured round: one trial is no range.
+        if !warm
+            && round > opts.warmup
+            && opts.strategy == Strategy::Halving
+            && round + 1 < opts.warmup + opts.runs
+        {
+            let worse = clearly_worse(&report, &active);
+            for &i in &worse {
+                report.configs[i].dropped_after_round = Some(round - opts.warmup);
+            }
+            active.retain(|i| !worse.contains(i));
+        }
+    }
+    report.complete = true;
+    finish(&mut report);
+    on_event(Event::Updated(&report));
+    report
+}
+
+/// An empty report for a run.
+pub fn new_report(
+    command: Vec<String>,
+    nproc: usize,
+    source: String,
+    cpu_budget: f64,
+) -> TuneReport {
+    TuneReport {
+        schema: TUNE_SCHEMA.to_string(),
+        command,
+        nproc,
+        source,
+        cpu_budget,
+        runs: 0,
+        warmup: 0,
+        metric: "output".into(),
+        unit: "per s".into(),
+        configs: vec![],
+        baseline: None,
+        winner: None,
+        complete: false,
+        warnings: vec![],
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,128 @@
+//! The terminal table, like a benchmark paper's: configuration, throughput
+//! median (min-max), speed-up against the unset baseline, CPU %, GPU %, GPU
+//! memory, context switches per second; the winner marked, and the rows the
+//! data cannot tell apart from it.
+
+use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+
+use super::{ConfigResult, TuneReport};
+
+fn num(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map_or_else(|| "n/a".to_string(), f)
+}
+
+fn mark(r: &TuneReport, c: &ConfigResult) -> &'static str {
+    if r.winner.as_deref() == Some(c.name.as_str()) {
+        "winner"
+    } else if c.indistinguishable_from_winner {
+        "not distinguishable"
+    } else {
+        ""
+    }
+}
+
+/// The table and what to know about it.
+pub fn render(r: &TuneReport) -> String {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header([
+        "configuration",
+        &format!("throughput ({}) median [min-max]", r.unit),
+        "speed-up",
+        "CPU %",
+        "GPU %",
+        "GPU mem",
+        "ctx sw/s vol/invol",
+        "RSS MiB",
+        "",
+    ]);
+    for c in &r.configs {
+        let thr = match c.throughput {
+            Some(s) => format!(
+                "{} [{}-{}] n={}",
+                num(s.median),
+                num(s.min),
+                num(s.max),
+                s.n
+            ),
+            None => "-".to_string(),
+        };
+        let failed = c.trials.iter().filter(|t| t.status != "ok").count();
+        let name = if failed > 0 {
+            format!("{} ({failed} failed)", c.name)
+        } else {
+            c.name.clone()
+        };
+        t.add_row([
+            name,
+            thr,
+            opt(c.speedup, |v| format!("{v:.2}x")),
+            opt(c.cpu_util_pct, |v| format!("{v:.0}")),
+            opt(c.gpu_util_pct, |v| format!("{v:.0}")),
+            opt(c.gpu_mem_mib, |v| format!("{v:.0} MiB")),
+            match (c.voluntary_cs_per_s, c.involuntary_cs_per_s) {
+                (Some(a), Some(b)) => format!("{a:.0}/{b:.0}"),
+                _ => "n/a".into(),
+            },
+            opt(c.peak_rss_mib, |v| format!("{v:.0}")),
+            mark(r, c).to_string(),
+        ]);
+    }
+    let mut out = format!(
+        "{} rank(s) on {}, CPU budget {:.2}, {} run(s) each after {} warm-up; CPU % is of the budget\n{t}\n",
+        r.nproc, r.source, r.cpu_budget, r.runs, r.warmup
+    );
+    for c in &r.configs {
+        if let Some(round) = c.dropped_after_round {
+            out.push_str(&format!(
+                "{}: dropped after round {round} (clearly worse)\n",
+                c.name
+            ));
+        }
+        for tr in c.trials.iter().filter(|t| t.status != "ok") {
+            out.push_str(&format!(
+                "{} round {}: {}{}\n",
+                c.name,
+                tr.round,
+                tr.status,
+                tr.message
+                    .as_ref()
+                    .map_or(String::new(), |m| format!(" ({m})"))
+            ));
+            for l in &tr.stderr_tail {
+                out.push_str(&format!("  | {l}\n"));
+            }
+        }
+    }
+    for w in &r.warnings {
+        out.push_str(&format!("warning: {w}\n"));
+    }
+    if let Some(w) = &r.winner {
+        let same: Vec<&str> = r
+            .configs
+            .iter()
+            .filter(|c| c.indistinguishable_from_winner)
+            .map(|c| c.name.as_str())
+            .collect();
+        out.push_str(&format!("winner: {w}"));
+        if !same.is_empty() {
+            out.push_str(&format!(
+                " (not distinguishable from {} with {} runs)",
+                same.join(", "),
+                r.runs
+            ));
+        }
+        out.push('\n');
+    }
+    out
+}

@@ -1,0 +1,132 @@
+//! The real trial runner: plan the configuration on this machine, launch its
+//! ranks with `launch::supervise` (output captured, not shown), and turn the
+//! ranks' wait4 figures and the NVML samples into a `TrialOutcome`.
+
+use std::ffi::OsString;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::{TrialOutcome, TuneConfig};
+use crate::launch::env::{Job, free_port, run_id, torchrun_env};
+use crate::launch::output::OutputOptions;
+use crate::launch::supervise::{self, RunOptions};
+use crate::launch::{preflight, rank_launch};
+use crate::measure::gpu::GpuSampler;
+use crate::plan::{Facts, THREAD_VARS, plan};
+use crate::topology::Topology;
+
+pub struct Runner {
+    pub topology: Topology,
+    pub facts: Facts,
+    pub argv: Vec<OsString>,
+    pub timeout: Duration,
+    pub grace: Duration,
+    pub gpu: Option<GpuSampler>,
+}
+
+impl Runner {
+    fn launches(&self, c: &TuneConfig) -> Result<Vec<crate::launch::RankLaunch>, String> {
+        let p = plan(&self.topology, &c.request, &self.facts)
+            .map_err(|e| format!("{e} ({})", e.hint()))?;
+        let port = free_port().map_err(|e| format!("no free port: {e}"))?;
+        let job = Job {
+            nproc: p.nproc,
+            master_addr: "127.0.0.1".into(),
+            master_port: port,
+            run_id: run_id(),
+        };
+        let mut ls: Vec<_> = p
+            .ranks
+            .iter()
+            .map(|r| rank_launch(r, &self.argv, torchrun_env(&job, r.local_rank)))
+            .collect();
+        if c.unset_threads {
+            for l in &mut ls {
+                for v in THREAD_VARS
+                    .iter()
+                    .chain(&["TF_NUM_INTEROP_THREADS", "THREADWISE_NUM_THREADS"])
+                {
+                    l.env.remove(*v);
+                    l.env_remove.push(v.to_string());
+                }
+            }
+        }
+        let placements: Vec<_> = ls.iter().map(|l| l.placement.clone()).collect();
+        if let Some((i, what, e)) = preflight(&placements) {
+            return Err(format!("rank {i}: {what} refused: {e}"));
+        }
+        Ok(ls)
+    }
+}
+
+impl super::TrialRunner for Runner {
+    fn run(&mut self, c: &TuneConfig) -> TrialOutcome {
+        let launches = match self.launches(c) {
+            Ok(l) => l,
+            Err(e) => {
+                return TrialOutcome {
+                    error: Some(e),
+                    ..Default::default()
+                };
+            }
+        };
+        let lines = Arc::new(Mutex::new(vec![]));
+        let opts = RunOptions {
+            grace: self.grace,
+            timeout: Some(self.timeout),
+            output: OutputOptions {
+                prefix: true,
+                show: Some(vec![]),
+                capture: Some(lines.clone()),
+            },
+            log_dir: None,
+        };
+        if let Some(g) = &mut self.gpu {
+            g.start();
+        }
+        let outcome = supervise::run(&launches, &opts);
+        let gpu = self.gpu.as_mut().map(GpuSampler::stop);
+        let o = match outcome {
+            Ok(o) => o,
+            Err(e) => {
+                return TrialOutcome {
+                    error: Some(e.to_string()),
+                    ..Default::default()
+                };
+            }
+        };
+        let failure = o.first_failure.map(|i| {
+            let r = &o.results[i];
+            format!(
+                "rank {} (pid {}) {}",
+                r.local_rank,
+                r.pid,
+                r.exit.describe()
+            )
+        });
+        let tail = o
+            .first_failure
+            .and_then(|i| o.tails.get(i).cloned())
+            .unwrap_or_default();
+        let taken = std::mem::take(&mut *lines.lock().unwrap_or_else(|e| e.into_inner()));
+        TrialOutcome {
+            lines: taken,
+            wall: o.wall,
+            cpu: o.results.iter().map(|r| r.cpu).sum(),
+            voluntary_cs: o.results.iter().map(|r| r.voluntary_cs).sum(),
+            involuntary_cs: o.results.iter().map(|r| r.involuntary_cs).sum(),
+            peak_rss_kib: o.results.iter().map(|r| r.max_rss_kib).sum(),
+            failure,
+            timed_out: o.timed_out,
+            interrupted: o.signal.is_some(),
+            stderr_tail: if o.timed_out && tail.is_empty() {
+                o.tails.first().cloned().unwrap_or_default()
+            } else {
+                tail
+            },
+            gpu_util_pct: gpu.and_then(|g| g.util_pct),
+            gpu_mem_mib: gpu.and_then(|g| g.mem_mib),
+            error: None,
+        }
+    }
+}

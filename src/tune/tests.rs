@@ -1,0 +1,208 @@
+use std::collections::HashMap;
+
+use super::*;
+use crate::plan::PlanRequest;
+
+/// Prints "N img/s" from a fixed list per configuration, in turn.
+struct Fake {
+    rates: HashMap<String, Vec<f64>>,
+    calls: Vec<String>,
+    interrupt_at: Option<usize>,
+}
+
+impl TrialRunner for Fake {
+    fn run(&mut self, c: &TuneConfig) -> TrialOutcome {
+        self.calls.push(c.name.clone());
+        if Some(self.calls.len()) == self.interrupt_at {
+            return TrialOutcome {
+                interrupted: true,
+                ..Default::default()
+            };
+        }
+        let list = self.rates.get_mut(&c.name).unwrap();
+        let r = list.remove(0);
+        if r < 0.0 {
+            return TrialOutcome {
+                failure: Some("rank 0 exited with code 1".into()),
+                stderr_tail: vec!["Traceback".into()],
+                wall: Duration::from_secs(1),
+                ..Default::default()
+            };
+        }
+        TrialOutcome {
+            lines: vec![format!("[rank 0] epoch done, {r} img/s")],
+            wall: Duration::from_secs(2),
+            cpu: Duration::from_secs(2),
+            voluntary_cs: 100,
+            involuntary_cs: 50,
+            peak_rss_kib: 2048,
+            ..Default::default()
+        }
+    }
+}
+
+fn configs(names: &[&str]) -> Vec<TuneConfig> {
+    names
+        .iter()
+        .map(|n| TuneConfig {
+            name: n.to_string(),
+            request: PlanRequest::default(),
+            unset_threads: *n == "unset",
+        })
+        .collect()
+}
+
+fn opts(runs: usize, warmup: usize, strategy: Strategy) -> TuneOptions {
+    TuneOptions {
+        runs,
+        warmup,
+        strategy,
+        metric: metric::Metric::new(None).unwrap(),
+        cpu_budget: 2.0,
+    }
+}
+
+fn fake(rates: &[(&str, &[f64])]) -> Fake {
+    Fake {
+        rates: rates
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_vec()))
+            .collect(),
+        calls: vec![],
+        interrupt_at: None,
+    }
+}
+
+#[test]
+fn interleaved_rounds_stats_and_winner() {
+    let mut f = fake(&[
+        ("unset", &[9.0, 10.0, 11.0, 10.0]),
+        ("plan", &[0.0, 50.0, 52.0, 48.0]),
+        ("one", &[0.0, 49.0, 60.0, 45.0]),
+    ]);
+    let mut updates = 0;
+    let r = tune(
+        &configs(&["unset", "plan", "one"]),
+        new_report(vec![], 2, "x".into(), 2.0),
+        &opts(3, 1, Strategy::All),
+        &mut f,
+        &mut |e| {
+            if let Event::Updated(_) = e {
+                updates += 1
+            }
+        },
+    );
+    assert_eq!(
+        f.calls,
+        [
+            "unset", "plan", "one", "unset", "plan", "one", "unset", "plan", "one", "unset",
+            "plan", "one"
+        ]
+    );
+    assert_eq!(updates, 9 + 1);
+    assert!(r.complete);
+    let plan = &r.configs[1];
+    let t = plan.throughput.unwrap();
+    assert_eq!((t.median, t.min, t.max, t.n), (50.0, 48.0, 52.0, 3));
+    assert_eq!(r.baseline.as_deref(), Some("unset"));
+    assert_eq!(r.winner.as_deref(), Some("plan"));
+    assert_eq!(plan.speedup, Some(5.0));
+    assert!(
+        r.configs[2].indistinguishable_from_winner,
+        "45-60 overlaps 48-52"
+    );
+    assert!(!r.configs[0].indistinguishable_from_winner);
+    assert_eq!(plan.cpu_util_pct, Some(50.0));
+    assert_eq!(plan.voluntary_cs_per_s, Some(50.0));
+    for c in &r.configs {
+        let t = c.throughput.unwrap();
+        assert!(t.min <= t.median && t.median <= t.max);
+    }
+}
+
+#[test]
+fn failures_are_reported_and_the_rest_goes_on() {
+    let mut f = fake(&[("unset", &[10.0, 10.0]), ("bad", &[-1.0, 20.0])]);
+    let r = tune(
+        &configs(&["unset", "bad"]),
+        new_report(vec![], 1, "x".into(), 2.0),
+        &opts(2, 0, Strategy::All),
+        &mut f,
+        &mut |_| {},
+    );
+    let bad = &r.configs[1];
+    assert_eq!(bad.trials[0].status, "failed");
+    assert_eq!(bad.trials[0].stderr_tail, ["Traceback"]);
+    assert_eq!(bad.throughput.unwrap().n, 1);
+    assert_eq!(r.winner.as_deref(), Some("bad"));
+}
+
+#[test]
+fn halving_drops_clearly_worse_configs() {
+    let mut f = fake(&[
+        ("unset", &[1.0, 1.0, 1.0, 1.0]),
+        ("plan", &[10.0, 10.0, 10.0, 10.0]),
+        ("near", &[9.0, 11.0, 10.0, 10.0]),
+    ]);
+    let r = tune(
+        &configs(&["unset", "plan", "near"]),
+        new_report(vec![], 1, "x".into(), 2.0),
+        &opts(4, 0, Strategy::Halving),
+        &mut f,
+        &mut |_| {},
+    );
+    assert_eq!(
+        f.calls.iter().filter(|c| *c == "unset").count(),
+        2,
+        "judged after two rounds"
+    );
+    assert_eq!(r.configs[0].dropped_after_round, Some(1));
+    assert_eq!(r.configs[2].trials.len(), 4, "overlapping ranges are kept");
+    assert!(r.complete);
+}
+
+#[test]
+fn interrupted_tune_keeps_what_was_measured() {
+    let mut f = fake(&[("unset", &[10.0, 10.0]), ("plan", &[20.0, 20.0])]);
+    f.interrupt_at = Some(3);
+    let mut last = None;
+    let r = tune(
+        &configs(&["unset", "plan"]),
+        new_report(vec![], 1, "x".into(), 2.0),
+        &opts(2, 0, Strategy::All),
+        &mut f,
+        &mut |e| {
+            if let Event::Updated(r) = e {
+                last = Some(r.clone())
+            }
+        },
+    );
+    assert!(!r.complete);
+    assert_eq!(r.configs[0].trials.len(), 1);
+    assert_eq!(r.configs[1].trials.len(), 1);
+    assert_eq!(last.unwrap(), r);
+    assert!(r.warnings[0].contains("interrupted"));
+}
+
+#[test]
+fn no_metric_in_output_falls_back_to_wall_time() {
+    struct Quiet;
+    impl TrialRunner for Quiet {
+        fn run(&mut self, _: &TuneConfig) -> TrialOutcome {
+            TrialOutcome {
+                wall: Duration::from_millis(500),
+                ..Default::default()
+            }
+        }
+    }
+    let r = tune(
+        &configs(&["unset"]),
+        new_report(vec![], 1, "x".into(), 2.0),
+        &opts(1, 0, Strategy::All),
+        &mut Quiet,
+        &mut |_| {},
+    );
+    assert_eq!(r.metric, "wall");
+    assert_eq!(r.configs[0].throughput.unwrap().median, 2.0);
+    assert!(r.warnings.iter().any(|w| w.contains("1 / wall time")));
+}

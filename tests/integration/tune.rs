@@ -1,0 +1,280 @@
+//! `threadwise tune` end to end: the built-in workload, fake commands that print
+//! throughput lines, failures, Ctrl-C, and the winner handed to `run --plan`.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+fn bin() -> std::path::PathBuf {
+    assert_cmd::cargo::cargo_bin("threadwise")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn json(path: &std::path::Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Every configuration present, medians within min-max, the winner the best median.
+fn assert_consistent(r: &Value) {
+    let configs = r["configs"].as_array().unwrap();
+    let mut best: Option<(f64, String)> = None;
+    for c in configs {
+        let t = &c["throughput"];
+        if t.is_null() {
+            continue;
+        }
+        let (med, lo, hi) = (
+            t["median"].as_f64().unwrap(),
+            t["min"].as_f64().unwrap(),
+            t["max"].as_f64().unwrap(),
+        );
+        assert!(lo <= med && med <= hi, "{c}");
+        assert_eq!(
+            t["n"].as_u64().unwrap() as usize,
+            c["trials"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|t| t["status"] == "ok")
+                .count()
+        );
+        if best.as_ref().is_none_or(|(b, _)| med > *b) {
+            best = Some((med, c["name"].as_str().unwrap().to_string()));
+        }
+    }
+    assert_eq!(r["winner"].as_str(), best.map(|b| b.1).as_deref());
+}
+
+#[test]
+fn builtin_workload_report_is_complete_and_consistent() {
+    let d = tempfile::tempdir().unwrap();
+    let j = d.path().join("r.json");
+    let out = Command::new(bin())
+        .args([
+            "tune",
+            "-n",
+            "2",
+            "--runs",
+            "2",
+            "--work-seconds",
+            "0.3",
+            "--work-size",
+            "96",
+            "--export-json",
+        ])
+        .arg(&j)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r = json(&j);
+    assert_eq!(r["schema"], "threadwise.tune/1");
+    assert_eq!(r["complete"], true);
+    assert_eq!(r["unit"], "samples/s");
+    assert_eq!(r["baseline"], "unset");
+    let names: Vec<&str> = r["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    for want in [
+        "unset",
+        "threads=4",
+        "threads=2",
+        "threads=1",
+        "plan",
+        "seed",
+    ] {
+        assert!(names.contains(&want), "{names:?}");
+    }
+    for c in r["configs"].as_array().unwrap() {
+        assert_eq!(c["trials"].as_array().unwrap().len(), 2, "{}", c["name"]);
+        assert!(
+            c["trials"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|t| t["status"] == "ok"),
+            "{c}"
+        );
+        assert!(c["cpu_util_pct"].as_f64().unwrap() > 0.0);
+    }
+    assert_consistent(&r);
+    let table = text(&out.stdout);
+    assert!(table.contains("winner"), "{table}");
+}
+
+/// A command whose throughput follows OMP_NUM_THREADS: 100 per thread, 50 unset.
+const FAKE: &str = "case \"$OMP_NUM_THREADS\" in '') echo '50 img/s';; 3) echo 'bad thread count' >&2; exit 4;; *) echo \"$((OMP_NUM_THREADS * 100)) img/s\";; esac";
+
+#[test]
+fn metric_from_output_grid_configs_and_failures() {
+    let d = tempfile::tempdir().unwrap();
+    let (j, c, m, s) = (
+        d.path().join("r.json"),
+        d.path().join("r.csv"),
+        d.path().join("r.md"),
+        d.path().join("r.svg"),
+    );
+    let out = Command::new(bin())
+        .args([
+            "tune",
+            "-n",
+            "1",
+            "--runs",
+            "2",
+            "--grid",
+            "threads=1,2",
+            "--config",
+            "three=threads=3",
+            "--export-json",
+        ])
+        .arg(&j)
+        .arg("--export-csv")
+        .arg(&c)
+        .arg("--export-markdown")
+        .arg(&m)
+        .arg("--export-svg")
+        .arg(&s)
+        .args(["--", "sh", "-c", FAKE])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r = json(&j);
+    let by = |n: &str| {
+        r["configs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == n)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(by("unset")["throughput"]["median"], 50.0);
+    assert_eq!(by("threads=1")["throughput"]["median"], 100.0);
+    assert_eq!(by("threads=2")["throughput"]["median"], 200.0);
+    assert_eq!(by("threads=2")["speedup"], 4.0);
+    let three = by("three");
+    assert!(three["throughput"].is_null());
+    assert_eq!(three["trials"][0]["status"], "failed");
+    assert!(
+        three["trials"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("exited with code 4")
+    );
+    assert_eq!(three["trials"][0]["stderr_tail"][0], "bad thread count");
+    assert_eq!(r["winner"], "threads=2");
+    assert_consistent(&r);
+    let csv = std::fs::read_to_string(&c).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 4 * 2);
+    assert!(
+        std::fs::read_to_string(&m)
+            .unwrap()
+            .contains("| threads=2 | 200.0 |")
+    );
+    assert!(std::fs::read_to_string(&s).unwrap().starts_with("<svg"));
+    let table = text(&out.stdout);
+    assert!(table.contains("three (2 failed)"), "{table}");
+    assert!(table.contains("  | bad thread count"), "{table}");
+}
+
+#[test]
+fn winner_plan_goes_to_run() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("plan.json");
+    let out = Command::new(bin())
+        .args([
+            "tune",
+            "-n",
+            "1",
+            "--runs",
+            "1",
+            "--grid",
+            "threads=1,2",
+            "--save-plan",
+        ])
+        .arg(&p)
+        .args(["--", "sh", "-c", FAKE])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = Command::new(bin())
+        .args(["run", "-q", "--no-prefix", "--plan"])
+        .arg(&p)
+        .args(["--", "sh", "-c", "echo $OMP_NUM_THREADS"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "2\n");
+    std::fs::write(&p, "{\"schema\": \"nope\"}").unwrap();
+    let out = Command::new(bin())
+        .args(["run", "--plan"])
+        .arg(&p)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("is not a threadwise.plan/1 document"));
+}
+
+#[test]
+fn interrupted_tune_leaves_valid_partial_files() {
+    let d = tempfile::tempdir().unwrap();
+    let (j, c) = (d.path().join("r.json"), d.path().join("r.csv"));
+    let child = Command::new(bin())
+        .args([
+            "tune",
+            "-n",
+            "1",
+            "--runs",
+            "50",
+            "--grid",
+            "threads=1,2",
+            "--export-json",
+        ])
+        .arg(&j)
+        .arg("--export-csv")
+        .arg(&c)
+        .args(["--", "sh", "-c", "sleep 0.2; echo '10 img/s'"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    let r = json(&j);
+    assert_eq!(r["complete"], false);
+    let trials: usize = r["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["trials"].as_array().unwrap().len())
+        .sum();
+    assert!(trials >= 2, "{trials} trials kept");
+    let csv = std::fs::read_to_string(&c).unwrap();
+    assert_eq!(csv.lines().count(), 1 + trials, "{csv}");
+    assert!(r["warnings"][0].as_str().unwrap().contains("interrupted"));
+}
+
+#[test]
+fn tune_errors_name_the_input() {
+    let fails = |args: &[&str], needle: &str| {
+        let out = Command::new(bin()).arg("tune").args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = text(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    };
+    fails(&["--runs", "0"], "--runs must be at least 1");
+    fails(&["--metric", "(a)(b)"], "exactly one capture group");
+    fails(&["--grid", "colour=red"], "unknown key \"colour\"");
+    fails(&["--config", "x"], "expected NAME=key=value");
+    fails(&["-n", "4096"], "4096 ranks need 4096 physical cores");
+    fails(&["--", "no-such-command-xyz"], "command not found");
+}
