@@ -22,9 +22,10 @@ struct Args {
     layers: usize,
     grad_kib: usize,
     warmup: usize,
+    loader_work: usize,
 }
 
-const USAGE: &str = "threadwise-workload [--seconds 2] [--size 192] [--batch 8] [--layers 8] [--grad-kib 256] [--warmup 3]";
+const USAGE: &str = "threadwise-workload [--seconds 2] [--size 192] [--batch 8] [--layers 8] [--grad-kib 256] [--warmup 3] [--loader-work 0]";
 
 fn parse() -> Result<Args, String> {
     let mut a = Args {
@@ -34,6 +35,7 @@ fn parse() -> Result<Args, String> {
         layers: 8,
         grad_kib: 256,
         warmup: 3,
+        loader_work: 0,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut it = argv.iter();
@@ -54,6 +56,7 @@ fn parse() -> Result<Args, String> {
             "--layers" => a.layers = value as usize,
             "--grad-kib" => a.grad_kib = value as usize,
             "--warmup" => a.warmup = value as usize,
+            "--loader-work" => a.loader_work = value as usize,
             other => return Err(format!("unknown option {other:?}; usage: {USAGE}")),
         }
     }
@@ -92,10 +95,39 @@ fn main() {
     );
     let mut group = Group::join(&peer, Duration::from_secs(60))
         .unwrap_or_else(|e| fail(3, format!("rank {}: {e}", peer.rank)));
+    // A data-loader thread prepares the next batches while the step computes
+    // (like DataLoader workers): real CPU work per sample, two batches ahead.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<f32>>(2);
+    let (len, work) = (n * b, a.loader_work);
+    let loader = (work > 0).then_some(rx);
+    std::thread::spawn(move || {
+        if work == 0 {
+            return;
+        }
+        let mut seed = 1u32;
+        loop {
+            let batch: Vec<f32> = (0..len)
+                .map(|i| {
+                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    let mut v = (seed >> 8) as f32 / (1u32 << 24) as f32 + (i % 3) as f32;
+                    for _ in 0..work {
+                        v = (v * v + 0.1).sqrt();
+                    }
+                    v
+                })
+                .collect();
+            if tx.send(batch).is_err() {
+                return;
+            }
+        }
+    });
     let mut steps = 0usize;
     let mut start = Instant::now();
     let mut checksum = 0.0;
     loop {
+        if let Some(Ok(batch)) = loader.as_ref().map(|rx| rx.recv()) {
+            x.copy_from_slice(&batch);
+        }
         // SAFETY: the buffers hold n*n, n*b, n*b and grad.len() floats, as the C code reads.
         unsafe {
             checksum += tw_forward(

@@ -298,6 +298,9 @@ pub struct TuneCmd {
     /// Built-in workload: parallel regions (layers) per step
     #[arg(long, default_value_t = 8)]
     pub work_layers: usize,
+    /// Built-in workload: per-element work of a data-loader thread per rank (0: none)
+    #[arg(long, default_value_t = 0)]
+    pub work_loader: usize,
     /// Your training command (default: the built-in workload)
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
