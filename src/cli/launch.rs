@@ -10,10 +10,12 @@ use super::args::{BindCmd, RunCmd};
 use super::topo::{load, request};
 use super::{Failure, SourceArgs};
 use crate::export::{quote, quote_all, request_args};
-use crate::launch::env::{Job, free_port, overridden, run_id, torchrun_env};
+use crate::launch::env::{Job, free_port, overridden, run_id};
 use crate::launch::output::OutputOptions;
 use crate::launch::supervise::{self, RunOptions};
-use crate::launch::{LaunchError, RankLaunch, bind, detect, preflight, rank_launch, resolve};
+use crate::launch::{
+    LaunchError, RankLaunch, bind, detect, plan_launches, preflight, rank_launch, resolve,
+};
 use crate::plan::{self, AllocatorChoice, Facts, NProc, Plan, PlanRequest};
 use crate::topology::Topology;
 
@@ -194,14 +196,7 @@ pub fn run(a: RunCmd) -> Result<(), Failure> {
         master_port: port,
         run_id: run_id(),
     };
-    let mut launches: Vec<RankLaunch> = p
-        .ranks
-        .iter()
-        .map(|r| rank_launch(r, &a.command, torchrun_env(&job, r.local_rank)))
-        .collect();
-    for l in &mut launches {
-        l.env_remove = p.unset_env.clone();
-    }
+    let mut launches: Vec<RankLaunch> = plan_launches(&p, &a.command, &job);
     if a.dry_run {
         return super::emit(&dry_run(&p, &launches));
     }

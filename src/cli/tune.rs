@@ -12,7 +12,7 @@ use super::args::{StrategyArg, TuneCmd};
 use super::topo::{load, request};
 use super::{Failure, SourceArgs, emit};
 use crate::measure::gpu::GpuSampler;
-use crate::plan::{self, Facts, Plan, THREAD_VARS};
+use crate::plan::{self, Facts, Plan};
 use crate::tune::export::{self, ReportExporter};
 use crate::tune::grid::{self, TuneConfig};
 use crate::tune::metric::Metric;
@@ -96,15 +96,7 @@ fn winner_plan(
         .find(|c| Some(&c.name) == r.winner.as_ref())?;
     let mut p = plan::plan(topo, &c.request, facts).ok()?;
     if c.unset_threads {
-        for rank in &mut p.ranks {
-            for v in THREAD_VARS
-                .iter()
-                .chain(&["TF_NUM_INTEROP_THREADS", "THREADWISE_NUM_THREADS"])
-            {
-                rank.env.remove(*v);
-            }
-        }
-        p.unset_env = THREAD_VARS.iter().map(|s| s.to_string()).collect();
+        p.unset_threads();
     }
     p.reasons.push(format!(
         "chosen by threadwise tune: configuration {}",

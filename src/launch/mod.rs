@@ -15,7 +15,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use crate::os::{self, Placement};
-use crate::plan::{MemPolicy, RankPlan};
+use crate::plan::{MemPolicy, Plan, RankPlan};
 
 /// Errors before or while starting ranks.
 #[derive(Debug, thiserror::Error)]
@@ -147,6 +147,19 @@ pub fn rank_launch(
         },
         mem,
     }
+}
+
+/// Every rank of a plan with torchrun's contract for `job`; the plan's unset
+/// variables are removed from the inherited environment.
+pub fn plan_launches(p: &Plan, argv: &[OsString], job: &env::Job) -> Vec<RankLaunch> {
+    p.ranks
+        .iter()
+        .map(|r| {
+            let mut l = rank_launch(r, argv, env::torchrun_env(job, r.local_rank));
+            l.env_remove = p.unset_env.clone();
+            l
+        })
+        .collect()
 }
 
 /// Check placements in one scratch thread before any rank starts, so a refusal

@@ -126,6 +126,24 @@ pub struct Plan {
     pub unset_env: Vec<String>,
 }
 
+impl Plan {
+    /// Leave every thread-count variable out (each runtime then sizes its pool to
+    /// all CPUs): the guides' starting point, measured by tune as "unset".
+    pub fn unset_threads(&mut self) {
+        let vars: Vec<String> = THREAD_VARS
+            .iter()
+            .chain(&["TF_NUM_INTEROP_THREADS", "THREADWISE_NUM_THREADS"])
+            .map(|v| v.to_string())
+            .collect();
+        for rank in &mut self.ranks {
+            for v in &vars {
+                rank.env.remove(v);
+            }
+        }
+        self.unset_env = vars;
+    }
+}
+
 /// The GPUs the request selects, in the order ranks take them.
 fn select_gpus<'t>(topo: &'t Topology, req: &PlanRequest) -> Result<Vec<&'t PciDevice>, PlanError> {
     match &req.gpus {

@@ -139,6 +139,27 @@ pub enum Event<'a> {
     Updated(&'a TuneReport),
 }
 
+impl ConfigResult {
+    /// A configuration with nothing measured yet.
+    pub fn new(name: &str, options: String) -> ConfigResult {
+        ConfigResult {
+            name: name.to_string(),
+            options,
+            throughput: None,
+            speedup: None,
+            cpu_util_pct: None,
+            voluntary_cs_per_s: None,
+            involuntary_cs_per_s: None,
+            peak_rss_mib: None,
+            gpu_util_pct: None,
+            gpu_mem_mib: None,
+            indistinguishable_from_winner: false,
+            dropped_after_round: None,
+            trials: vec![],
+        }
+    }
+}
+
 fn describe(c: &TuneConfig) -> String {
     let r = &c.request;
     if c.unset_threads {
@@ -296,21 +317,7 @@ pub fn tune(
 ) -> TuneReport {
     report.configs = configs
         .iter()
-        .map(|c| ConfigResult {
-            name: c.name.clone(),
-            options: describe(c),
-            throughput: None,
-            speedup: None,
-            cpu_util_pct: None,
-            voluntary_cs_per_s: None,
-            involuntary_cs_per_s: None,
-            peak_rss_mib: None,
-            gpu_util_pct: None,
-            gpu_mem_mib: None,
-            indistinguishable_from_winner: false,
-            dropped_after_round: None,
-            trials: vec![],
-        })
+        .map(|c| ConfigResult::new(&c.name, describe(c)))
         .collect();
     report.baseline = configs
         .iter()

@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::{TrialOutcome, TuneConfig};
-use crate::launch::env::{Job, free_port, run_id, torchrun_env};
+use crate::launch::env::{Job, free_port, run_id};
 use crate::launch::output::OutputOptions;
 use crate::launch::supervise::{self, RunOptions};
-use crate::launch::{preflight, rank_launch};
+use crate::launch::{plan_launches, preflight};
 use crate::measure::gpu::GpuSampler;
-use crate::plan::{Facts, THREAD_VARS, plan};
+use crate::plan::{Facts, plan};
 use crate::topology::Topology;
 
 pub struct Runner {
@@ -26,8 +26,11 @@ pub struct Runner {
 
 impl Runner {
     fn launches(&self, c: &TuneConfig) -> Result<Vec<crate::launch::RankLaunch>, String> {
-        let p = plan(&self.topology, &c.request, &self.facts)
+        let mut p = plan(&self.topology, &c.request, &self.facts)
             .map_err(|e| format!("{e} ({})", e.hint()))?;
+        if c.unset_threads {
+            p.unset_threads();
+        }
         let port = free_port().map_err(|e| format!("no free port: {e}"))?;
         let job = Job {
             nproc: p.nproc,
@@ -35,22 +38,7 @@ impl Runner {
             master_port: port,
             run_id: run_id(),
         };
-        let mut ls: Vec<_> = p
-            .ranks
-            .iter()
-            .map(|r| rank_launch(r, &self.argv, torchrun_env(&job, r.local_rank)))
-            .collect();
-        if c.unset_threads {
-            for l in &mut ls {
-                for v in THREAD_VARS
-                    .iter()
-                    .chain(&["TF_NUM_INTEROP_THREADS", "THREADWISE_NUM_THREADS"])
-                {
-                    l.env.remove(*v);
-                    l.env_remove.push(v.to_string());
-                }
-            }
-        }
+        let ls = plan_launches(&p, &self.argv, &job);
         let placements: Vec<_> = ls.iter().map(|l| l.placement.clone()).collect();
         if let Some((i, what, e)) = preflight(&placements) {
             return Err(format!("rank {i}: {what} refused: {e}"));

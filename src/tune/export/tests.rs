@@ -21,19 +21,8 @@ fn trial(round: usize, v: f64) -> Trial {
 
 fn config(name: &str, v: &[f64]) -> ConfigResult {
     ConfigResult {
-        name: name.into(),
-        options: format!("options of {name}"),
-        throughput: None,
-        speedup: None,
-        cpu_util_pct: None,
-        voluntary_cs_per_s: None,
-        involuntary_cs_per_s: None,
-        peak_rss_mib: None,
-        gpu_util_pct: None,
-        gpu_mem_mib: None,
-        indistinguishable_from_winner: false,
-        dropped_after_round: None,
         trials: v.iter().enumerate().map(|(i, x)| trial(i, *x)).collect(),
+        ..ConfigResult::new(name, format!("options of {name}"))
     }
 }
 
