@@ -211,6 +211,7 @@ pub fn run(a: RunCmd) -> Result<(), Failure> {
                 rank: l.local_rank,
                 what,
                 cpus: l.cpus.clone(),
+                mem: l.mem.clone(),
                 source,
             }
             .into());

@@ -21,6 +21,7 @@ pub fn exec_rank(r: &RankLaunch, allow_unbound: bool) -> LaunchError {
                 rank: r.local_rank,
                 what,
                 cpus: r.cpus.clone(),
+                mem: r.mem.clone(),
                 source,
             };
         }

@@ -26,11 +26,12 @@ pub enum LaunchError {
     NotFound(String),
     #[error("{0} is not executable")]
     NotExecutable(String),
-    #[error("cannot bind rank {rank} ({what} for CPUs {cpus}): {source}")]
+    #[error("cannot bind rank {rank} ({what} refused for CPUs {cpus}, memory {mem}): {source}")]
     Placement {
         rank: usize,
         what: &'static str,
         cpus: String,
+        mem: String,
         source: std::io::Error,
     },
     #[error("cannot start rank {rank} ({program}): {source}")]

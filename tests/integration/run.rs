@@ -454,3 +454,42 @@ fn clear_errors_and_nothing_started() {
     assert_eq!(out.status.code(), Some(3));
     assert!(text(&out.stderr).contains("multi-node runs go through torchrun"));
 }
+
+#[test]
+fn a_refused_binding_stops_the_launch_unless_allowed() {
+    // A saved plan asking for memory on NUMA node 63, which this machine lacks:
+    // the kernel refuses set_mempolicy (EINVAL) before any rank starts.
+    let d = tempfile::tempdir().unwrap();
+    let mut p = plan_json(1);
+    p["request"]["mem"] = "bind".into();
+    p["ranks"][0]["mem_policy"] = "bind".into();
+    p["ranks"][0]["mem_nodes"] = serde_json::json!([63]);
+    let f = d.path().join("p.json");
+    std::fs::write(&f, p.to_string()).unwrap();
+    let marker = d.path().join("started");
+    let touch = format!("touch {}", marker.display());
+    let out = Command::new(bin())
+        .args(["run", "--plan"])
+        .arg(&f)
+        .args(["--", "sh", "-c", &touch])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("cannot bind rank 0 (set_mempolicy refused for CPUs"),
+        "{err}"
+    );
+    assert!(err.contains("memory bind 63"), "{err}");
+    assert!(err.contains("--allow-unbound"), "{err}");
+    assert!(!marker.exists(), "no rank started");
+    let out = Command::new(bin())
+        .args(["run", "-q", "--allow-unbound", "--plan"])
+        .arg(&f)
+        .args(["--", "sh", "-c", &touch])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("ranks run unbound"));
+    assert!(marker.exists());
+}
