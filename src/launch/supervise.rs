@@ -206,6 +206,164 @@ fn kill_orphans() {
     }
 }
 
+/// Fork every rank before any output thread exists: forking a process with one
+/// thread copies less and needs no TLB shootdown on the other CPUs. A rank that
+/// cannot start stops the ones already started: never half a launch.
+fn spawn_all(
+    ranks: &[RankLaunch],
+    opts: &RunOptions,
+) -> Result<Vec<(std::process::Child, Logs)>, LaunchError> {
+    let parent = std::process::id() as i32;
+    let mut children: Vec<(std::process::Child, Logs)> = vec![];
+    for r in ranks {
+        let logs = (
+            open_log(&opts.log_dir, r.local_rank, "stdout")?,
+            open_log(&opts.log_dir, r.local_rank, "stderr")?,
+        );
+        match spawn_rank(r, parent) {
+            Ok(c) => children.push((c, logs)),
+            Err(source) => {
+                for (c, _) in &children {
+                    os::kill_group(c.id() as i32, libc::SIGKILL);
+                }
+                kill_orphans();
+                return Err(LaunchError::Spawn {
+                    rank: r.local_rank,
+                    program: r.argv[0].to_string_lossy().into_owned(),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(children)
+}
+
+type Logs = (Option<File>, Option<File>);
+
+/// Start the output threads of every rank; returns them and the stderr tails.
+fn start_pumps(
+    ranks: &[RankLaunch],
+    children: &mut [(std::process::Child, Logs)],
+    opts: &RunOptions,
+) -> (Vec<JoinHandle<()>>, Vec<Tail>) {
+    let (mut pumps, mut tails) = (vec![], vec![]);
+    for (r, (child, (out_log, err_log))) in ranks.iter().zip(children.iter_mut()) {
+        let tail: Tail = Arc::new(Mutex::new(Default::default()));
+        if let Some(p) = child.stdout.take() {
+            pumps.push(output::pump(
+                r.local_rank,
+                Stream::Stdout,
+                p,
+                out_log.take(),
+                &opts.output,
+                None,
+            ));
+        }
+        if let Some(p) = child.stderr.take() {
+            pumps.push(output::pump(
+                r.local_rank,
+                Stream::Stderr,
+                p,
+                err_log.take(),
+                &opts.output,
+                Some(tail.clone()),
+            ));
+        }
+        tails.push(tail);
+    }
+    (pumps, tails)
+}
+
+/// The supervisor's state between events.
+struct Watch {
+    running: Vec<Running>,
+    first_failure: Option<usize>,
+    user_signal: Option<i32>,
+    /// When to SIGKILL whatever is still alive (set when stopping starts).
+    kill_at: Option<Instant>,
+    deadline: Option<Instant>,
+    timed_out: bool,
+    grace: Duration,
+}
+
+impl Watch {
+    fn live(&self) -> impl Iterator<Item = i32> + '_ {
+        self.running
+            .iter()
+            .filter(|r| r.result.is_none())
+            .map(|r| r.pid)
+    }
+
+    /// Send `sig` to every live rank and give them the grace period.
+    fn stop(&mut self, sig: i32) {
+        for p in self.live().collect::<Vec<_>>() {
+            os::kill_group(p, sig);
+        }
+        self.kill_at = Some(Instant::now() + self.grace);
+    }
+
+    /// Milliseconds until the next deadline, for poll (-1: none).
+    fn wait_ms(&self) -> i32 {
+        let wake = match (self.kill_at, self.deadline.filter(|_| !self.timed_out)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        wake.map_or(-1, |t| {
+            t.saturating_duration_since(Instant::now())
+                .as_millis()
+                .min(i32::MAX as u128 - 1) as i32
+                + 1
+        })
+    }
+
+    fn on_exit(&mut self, ranks: &[RankLaunch], pid: i32, status: libc::c_int, ru: &libc::rusage) {
+        let Some(i) = self.running.iter().position(|r| r.pid == pid) else {
+            return; // an orphan re-parented to us
+        };
+        let exit = Exit::from_status(status);
+        self.running[i].result = Some(RankResult {
+            local_rank: ranks[i].local_rank,
+            pid,
+            exit,
+            wall: self.running[i].started.elapsed(),
+            cpu: timeval(ru.ru_utime) + timeval(ru.ru_stime),
+            max_rss_kib: ru.ru_maxrss,
+            voluntary_cs: ru.ru_nvcsw,
+            involuntary_cs: ru.ru_nivcsw,
+        });
+        if !exit.success() && self.kill_at.is_none() {
+            self.first_failure = Some(i);
+            self.stop(libc::SIGTERM);
+        }
+    }
+
+    /// First signal: forward it, then the grace period; a second: kill now.
+    fn on_signal(&mut self, sig: i32) {
+        if self.user_signal.is_none() && self.kill_at.is_none() {
+            self.user_signal = Some(sig);
+            self.stop(sig);
+        } else {
+            self.user_signal.get_or_insert(sig);
+            self.kill_at = Some(Instant::now());
+        }
+    }
+
+    fn on_clock(&mut self) {
+        if !self.timed_out
+            && self.kill_at.is_none()
+            && self.deadline.is_some_and(|d| Instant::now() >= d)
+        {
+            self.timed_out = true;
+            self.stop(libc::SIGTERM);
+        }
+        if self.kill_at.is_some_and(|t| Instant::now() >= t) {
+            for p in self.live().collect::<Vec<_>>() {
+                os::kill_group(p, libc::SIGKILL);
+            }
+        }
+    }
+}
+
 /// Start every rank and supervise them to the end.
 pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchError> {
     let signals = SignalPipe::get().map_err(|source| LaunchError::Spawn {
@@ -220,149 +378,45 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
             source,
         })?;
     }
-    let parent = std::process::id() as i32;
     let start = Instant::now();
-    let mut running: Vec<Running> = vec![];
-    let mut pumps: Vec<JoinHandle<()>> = vec![];
-    let mut tails: Vec<Tail> = vec![];
-    // Fork every rank before any output thread exists: forking a process with
-    // one thread copies less and needs no TLB shootdown on the other CPUs.
-    let mut children = vec![];
-    for r in ranks {
-        let logs = (
-            open_log(&opts.log_dir, r.local_rank, "stdout")?,
-            open_log(&opts.log_dir, r.local_rank, "stderr")?,
-        );
-        match spawn_rank(r, parent) {
-            Ok(c) => {
-                running.push(Running {
-                    pid: c.id() as i32,
-                    started: Instant::now(),
-                    result: None,
-                });
-                children.push((c, logs));
-            }
-            Err(source) => {
-                for p in &running {
-                    os::kill_group(p.pid, libc::SIGKILL);
-                }
-                kill_orphans();
-                return Err(LaunchError::Spawn {
-                    rank: r.local_rank,
-                    program: r.argv[0].to_string_lossy().into_owned(),
-                    source,
-                });
-            }
-        }
-    }
-    for (r, (mut child, (out_log, err_log))) in ranks.iter().zip(children) {
-        let tail: Tail = Arc::new(Mutex::new(Default::default()));
-        if let Some(p) = child.stdout.take() {
-            pumps.push(output::pump(
-                r.local_rank,
-                Stream::Stdout,
-                p,
-                out_log,
-                &opts.output,
-                None,
-            ));
-        }
-        if let Some(p) = child.stderr.take() {
-            pumps.push(output::pump(
-                r.local_rank,
-                Stream::Stderr,
-                p,
-                err_log,
-                &opts.output,
-                Some(tail.clone()),
-            ));
-        }
-        tails.push(tail);
-    }
-
-    let mut first_failure = None;
-    let mut user_signal = None;
-    let mut kill_at: Option<Instant> = None;
-    let deadline = opts.timeout.map(|t| start + t);
-    let mut timed_out = false;
-    let live = |running: &[Running]| {
-        running
+    let mut children = spawn_all(ranks, opts)?;
+    let mut w = Watch {
+        running: children
             .iter()
-            .filter(|r| r.result.is_none())
-            .map(|r| r.pid)
-            .collect::<Vec<_>>()
+            .map(|(c, _)| Running {
+                pid: c.id() as i32,
+                started: Instant::now(),
+                result: None,
+            })
+            .collect(),
+        first_failure: None,
+        user_signal: None,
+        kill_at: None,
+        deadline: opts.timeout.map(|t| start + t),
+        timed_out: false,
+        grace: opts.grace,
     };
-    while running.iter().any(|r| r.result.is_none()) {
-        let wake = match (kill_at, deadline.filter(|_| !timed_out)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let timeout = wake.map_or(-1, |t| {
-            t.saturating_duration_since(Instant::now())
-                .as_millis()
-                .min(i32::MAX as u128) as i32
-                + 1
-        });
-        let got = signals.wait(timeout);
+    let (pumps, tails) = start_pumps(ranks, &mut children, opts);
+    while w.running.iter().any(|r| r.result.is_none()) {
+        let got = signals.wait(w.wait_ms());
         for (pid, status, ru) in reap() {
-            let Some(i) = running.iter().position(|r| r.pid == pid) else {
-                continue;
-            };
-            let exit = Exit::from_status(status);
-            running[i].result = Some(RankResult {
-                local_rank: ranks[i].local_rank,
-                pid,
-                exit,
-                wall: running[i].started.elapsed(),
-                cpu: timeval(ru.ru_utime) + timeval(ru.ru_stime),
-                max_rss_kib: ru.ru_maxrss,
-                voluntary_cs: ru.ru_nvcsw,
-                involuntary_cs: ru.ru_nivcsw,
-            });
-            if !exit.success() && kill_at.is_none() {
-                first_failure = Some(i);
-                for p in live(&running) {
-                    os::kill_group(p, libc::SIGTERM);
-                }
-                kill_at = Some(Instant::now() + opts.grace);
-            }
+            w.on_exit(ranks, pid, status, &ru);
         }
         for sig in got.into_iter().filter(|s| FORWARDED.contains(s)) {
-            if user_signal.is_none() && kill_at.is_none() {
-                user_signal = Some(sig);
-                for p in live(&running) {
-                    os::kill_group(p, sig);
-                }
-                kill_at = Some(Instant::now() + opts.grace);
-            } else {
-                user_signal.get_or_insert(sig);
-                kill_at = Some(Instant::now());
-            }
+            w.on_signal(sig);
         }
-        if !timed_out && kill_at.is_none() && deadline.is_some_and(|d| Instant::now() >= d) {
-            timed_out = true;
-            for p in live(&running) {
-                os::kill_group(p, libc::SIGTERM);
-            }
-            kill_at = Some(Instant::now() + opts.grace);
-        }
-        if kill_at.is_some_and(|t| Instant::now() >= t) {
-            for p in live(&running) {
-                os::kill_group(p, libc::SIGKILL);
-            }
-        }
+        w.on_clock();
     }
     // Whatever the ranks left behind: their groups, then re-parented orphans.
-    for r in &running {
+    for r in &w.running {
         os::kill_group(r.pid, libc::SIGKILL);
     }
     kill_orphans();
     join_within(pumps, Duration::from_secs(2));
-    let results: Vec<RankResult> = running.into_iter().filter_map(|r| r.result).collect();
     Ok(Outcome {
-        results,
-        first_failure,
-        signal: user_signal,
+        results: w.running.into_iter().filter_map(|r| r.result).collect(),
+        first_failure: w.first_failure,
+        signal: w.user_signal,
         tails: tails
             .iter()
             .map(|t| {
@@ -374,7 +428,7 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
             })
             .collect(),
         wall: start.elapsed(),
-        timed_out,
+        timed_out: w.timed_out,
     })
 }
 

@@ -235,6 +235,124 @@ fn assign_shared(topo: &Topology, groups: &[CpuSet], gpus: &[Option<&PciDevice>]
         .collect()
 }
 
+/// Slices from unit assignments; ranks given the same units share them.
+fn slices(assign: Vec<Vec<usize>>, units: &[Unit], reasons: Vec<Vec<String>>) -> Vec<Slice> {
+    let mut count: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
+    for a in &assign {
+        *count.entry(a.clone()).or_default() += 1;
+    }
+    assign
+        .iter()
+        .zip(reasons)
+        .map(|(idx, reasons)| {
+            let core_sets: Vec<CpuSet> = idx.iter().flat_map(|&u| units[u].cores.clone()).collect();
+            Slice {
+                cpus: union(units, idx),
+                bind: true,
+                cores: core_sets.len(),
+                core_sets,
+                sharers: count[idx],
+                reasons,
+            }
+        })
+        .collect()
+}
+
+/// Units no rank got, said once for the whole plan.
+fn idle_note(assign: &[Vec<usize>], units: &[Unit], what: &str, plan_reasons: &mut Vec<String>) {
+    let used: std::collections::BTreeSet<usize> = assign.iter().flatten().copied().collect();
+    let idle: CpuSet = (0..units.len())
+        .filter(|u| !used.contains(u))
+        .fold(CpuSet::new(), |a, u| a.union(&units[u].cpus));
+    if !idle.is_empty() {
+        plan_reasons.push(format!(
+            "{} allowed {what}(s) stay idle (CPUs {idle}): not on a GPU's node, or left over to keep ranks equal",
+            units.len() - used.len()
+        ));
+    }
+}
+
+/// Own units per rank (cores or L3 groups); with --oversubscribe, more ranks
+/// than units share them round-robin, one unit each.
+fn exclusive_units(
+    topo: &Topology,
+    req: &PlanRequest,
+    units: &[Unit],
+    gpus: &[Option<&PciDevice>],
+    unit: &'static str,
+    reasons: &mut [Vec<String>],
+    plan_reasons: &mut Vec<String>,
+) -> Result<Vec<Vec<usize>>, PlanError> {
+    let n = gpus.len();
+    let assign = match assign_exclusive(topo, units, gpus, unit, reasons) {
+        Some(a) => a,
+        None if req.oversubscribe => {
+            plan_reasons.push(format!(
+                "--oversubscribe: {n} ranks share {} {unit}s round-robin",
+                units.len()
+            ));
+            (0..n).map(|i| vec![i % units.len()]).collect()
+        }
+        None => {
+            return Err(PlanError::TooFewCpus {
+                ranks: n,
+                have: units.len(),
+                unit: if unit == "core" {
+                    "physical core"
+                } else {
+                    unit
+                },
+                cpus: units
+                    .iter()
+                    .fold(CpuSet::new(), |a, u| a.union(&u.cpus))
+                    .to_string(),
+            });
+        }
+    };
+    idle_note(&assign, units, unit, plan_reasons);
+    Ok(assign)
+}
+
+/// Whole NUMA nodes or packages, shared by the ranks on them.
+fn shared_groups(
+    topo: &Topology,
+    req: &PlanRequest,
+    cores: &[Unit],
+    gpus: &[Option<&PciDevice>],
+    reasons: &mut [Vec<String>],
+) -> Vec<Vec<usize>> {
+    let (groups, what): (Vec<CpuSet>, &str) = if req.policy == Policy::Node {
+        (
+            topo.cpu_nodes().map(|x| x.cpus.clone()).collect(),
+            "NUMA node",
+        )
+    } else {
+        (
+            topo.packages.iter().map(|p| p.cpus.clone()).collect(),
+            "package",
+        )
+    };
+    let groups: Vec<CpuSet> = groups
+        .into_iter()
+        .map(|g| g.intersection(&topo.allowed_cpus))
+        .filter(|g| !g.is_empty())
+        .collect();
+    let pick = assign_shared(topo, &groups, gpus);
+    for (r, &g) in pick.iter().enumerate() {
+        reasons[r].push(format!(
+            "policy {}: the whole {what} {}",
+            req.policy, groups[g]
+        ));
+    }
+    pick.iter()
+        .map(|&g| {
+            (0..cores.len())
+                .filter(|&u| cores[u].cpus.is_subset(&groups[g]))
+                .collect()
+        })
+        .collect()
+}
+
 /// Place every rank by the request's policy.
 pub fn place(
     topo: &Topology,
@@ -245,61 +363,6 @@ pub fn place(
     let n = gpus.len();
     let cores = core_units(topo);
     let mut reasons: Vec<Vec<String>> = vec![vec![]; n];
-    let slices = |assign: Vec<Vec<usize>>, units: &[Unit], reasons: Vec<Vec<String>>| {
-        let mut count: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
-        for a in &assign {
-            *count.entry(a.clone()).or_default() += 1;
-        }
-        assign
-            .iter()
-            .zip(reasons)
-            .map(|(idx, reasons)| {
-                let core_sets: Vec<CpuSet> =
-                    idx.iter().flat_map(|&u| units[u].cores.clone()).collect();
-                Slice {
-                    cpus: union(units, idx),
-                    bind: true,
-                    cores: core_sets.len(),
-                    core_sets,
-                    sharers: count[idx],
-                    reasons,
-                }
-            })
-            .collect::<Vec<_>>()
-    };
-    let too_few = |have: usize, unit: &'static str, units: &[Unit]| PlanError::TooFewCpus {
-        ranks: n,
-        have,
-        unit,
-        cpus: units
-            .iter()
-            .fold(CpuSet::new(), |a, u| a.union(&u.cpus))
-            .to_string(),
-    };
-    // More ranks than units, with --oversubscribe: round-robin, one unit each.
-    let round_robin = |units: &[Unit], reasons: &mut Vec<String>| {
-        reasons.push(format!(
-            "--oversubscribe: {n} ranks share {} units round-robin",
-            units.len()
-        ));
-        (0..n).map(|i| vec![i % units.len()]).collect::<Vec<_>>()
-    };
-    // Units no rank got, said once for the whole plan.
-    let idle_note =
-        |assign: &[Vec<usize>], units: &[Unit], what: &str, plan_reasons: &mut Vec<String>| {
-            let used: std::collections::BTreeSet<usize> =
-                assign.iter().flatten().copied().collect();
-            let idle: CpuSet = (0..units.len())
-                .filter(|u| !used.contains(u))
-                .fold(CpuSet::new(), |a, u| a.union(&units[u].cpus));
-            if !idle.is_empty() {
-                plan_reasons.push(format!(
-                "{} allowed {what}(s) stay idle (CPUs {idle}): not on a GPU's node, or left over \
-                 to keep ranks equal",
-                units.len() - used.len()
-            ));
-            }
-        };
     match req.policy {
         Policy::None => {
             plan_reasons
@@ -312,37 +375,7 @@ pub fn place(
             Ok(s)
         }
         Policy::Node | Policy::Socket => {
-            let (groups, what): (Vec<CpuSet>, &str) = if req.policy == Policy::Node {
-                (
-                    topo.cpu_nodes().map(|x| x.cpus.clone()).collect(),
-                    "NUMA node",
-                )
-            } else {
-                (
-                    topo.packages.iter().map(|p| p.cpus.clone()).collect(),
-                    "package",
-                )
-            };
-            let groups: Vec<CpuSet> = groups
-                .into_iter()
-                .map(|g| g.intersection(&topo.allowed_cpus))
-                .filter(|g| !g.is_empty())
-                .collect();
-            let pick = assign_shared(topo, &groups, gpus);
-            let assign: Vec<Vec<usize>> = pick
-                .iter()
-                .map(|&g| {
-                    (0..cores.len())
-                        .filter(|&u| cores[u].cpus.is_subset(&groups[g]))
-                        .collect()
-                })
-                .collect();
-            for (r, &g) in pick.iter().enumerate() {
-                reasons[r].push(format!(
-                    "policy {}: the whole {what} {} ",
-                    req.policy, groups[g]
-                ));
-            }
+            let assign = shared_groups(topo, req, &cores, gpus, &mut reasons);
             Ok(slices(assign, &cores, reasons))
         }
         Policy::L3 => {
@@ -350,31 +383,19 @@ pub fn place(
             if l3.is_empty() {
                 plan_reasons
                     .push("policy l3: this machine shows no L3 groups; placed as exclusive".into());
-                return place(
-                    topo,
-                    &PlanRequest {
-                        policy: Policy::Exclusive,
-                        ..req.clone()
-                    },
-                    gpus,
-                    plan_reasons,
-                );
+                let exclusive = PlanRequest {
+                    policy: Policy::Exclusive,
+                    ..req.clone()
+                };
+                return place(topo, &exclusive, gpus, plan_reasons);
             }
-            let assign = match assign_exclusive(topo, &l3, gpus, "L3 group", &mut reasons) {
-                Some(a) => a,
-                None if req.oversubscribe => round_robin(&l3, plan_reasons),
-                None => return Err(too_few(l3.len(), "L3 group", &l3)),
-            };
-            idle_note(&assign, &l3, "L3 group", plan_reasons);
+            let assign =
+                exclusive_units(topo, req, &l3, gpus, "L3 group", &mut reasons, plan_reasons)?;
             Ok(slices(assign, &l3, reasons))
         }
         Policy::Exclusive | Policy::Single => {
-            let mut assign = match assign_exclusive(topo, &cores, gpus, "core", &mut reasons) {
-                Some(a) => a,
-                None if req.oversubscribe => round_robin(&cores, plan_reasons),
-                None => return Err(too_few(cores.len(), "physical core", &cores)),
-            };
-            idle_note(&assign, &cores, "core", plan_reasons);
+            let mut assign =
+                exclusive_units(topo, req, &cores, gpus, "core", &mut reasons, plan_reasons)?;
             if req.policy == Policy::Single {
                 for a in &mut assign {
                     a.truncate(1);
