@@ -149,11 +149,75 @@ fn live_topology() -> Result<Topology, Failure> {
     load(&SourceArgs::default())
 }
 
+/// Try every rank's binding before anything starts; on refusal, stop, or (with
+/// --allow-unbound) say so and run every rank unbound.
+fn check_bindings(launches: &mut [RankLaunch], allow_unbound: bool) -> Result<(), Failure> {
+    let placements: Vec<_> = launches.iter().map(|l| l.placement.clone()).collect();
+    let Some((i, what, source)) = preflight(&placements) else {
+        return Ok(());
+    };
+    let l = &launches[i];
+    if !allow_unbound {
+        let (cpus, mem) = (l.cpus.clone(), l.mem.clone());
+        return Err(LaunchError::Placement {
+            rank: l.local_rank,
+            what,
+            cpus,
+            mem,
+            source,
+        }
+        .into());
+    }
+    eprintln!("threadwise: warning: ranks run unbound (rank {i}: {what} refused: {source})");
+    for l in launches {
+        l.placement = Default::default();
+    }
+    Ok(())
+}
+
+fn check_run_args(a: &RunCmd, nproc: usize) -> Result<(), Failure> {
+    if let Some(f) = &a.local_ranks_filter
+        && let Some(bad) = f.iter().find(|r| **r >= nproc)
+    {
+        return Err(Failure::usage(
+            format!(
+                "--local-ranks-filter names rank {bad}, but there are {nproc} ranks (0-{})",
+                nproc - 1
+            ),
+            "list local ranks below --nproc-per-node",
+        ));
+    }
+    Ok(())
+}
+
+/// What the user sees at the end, and our exit code.
+fn finish_run(a: &RunCmd, outcome: &supervise::Outcome) -> Result<(), Failure> {
+    if !a.quiet {
+        eprint!("{}", supervise::summary(outcome));
+    }
+    if let Some(report) = supervise::failure_report(outcome) {
+        eprint!("{report}");
+    } else if let Some(sig) = outcome.signal {
+        eprintln!("threadwise: stopped by {}", crate::os::signal_name(sig));
+    }
+    if let Some(dir) = &a.log_dir {
+        eprintln!("threadwise: logs in {}", dir.display());
+    }
+    match outcome.code() {
+        0 => Ok(()),
+        code => Err(Failure {
+            message: String::new(),
+            hint: None,
+            code,
+        }),
+    }
+}
+
 pub fn run(a: RunCmd) -> Result<(), Failure> {
     let Some(program) = a.command.first() else {
         return Err(LaunchError::NoCommand.into());
     };
-    resolve(program)?;
+    let program = resolve(program)?;
     if a.grace < 0.0 || !a.grace.is_finite() {
         return Err(Failure::usage(
             format!("--grace {}: must be a number of seconds >= 0", a.grace),
@@ -169,18 +233,7 @@ pub fn run(a: RunCmd) -> Result<(), Failure> {
     if a.plan.nnodes > 1 || a.rdzv_endpoint.is_some() {
         return multi_node(&a, &p);
     }
-    if let Some(f) = &a.local_ranks_filter
-        && let Some(bad) = f.iter().find(|r| **r >= p.nproc)
-    {
-        return Err(Failure::usage(
-            format!(
-                "--local-ranks-filter names rank {bad}, but there are {} ranks (0-{})",
-                p.nproc,
-                p.nproc - 1
-            ),
-            "list local ranks below --nproc-per-node",
-        ));
-    }
+    check_run_args(&a, p.nproc)?;
     let port = match a.master_port {
         Some(p) => p,
         None => free_port().map_err(|e| {
@@ -203,25 +256,7 @@ pub fn run(a: RunCmd) -> Result<(), Failure> {
     if let Some(first) = launches.first() {
         note_overrides(first);
     }
-    let placements: Vec<_> = launches.iter().map(|l| l.placement.clone()).collect();
-    if let Some((i, what, source)) = preflight(&placements) {
-        let l = &launches[i];
-        if !a.allow_unbound {
-            return Err(LaunchError::Placement {
-                rank: l.local_rank,
-                what,
-                cpus: l.cpus.clone(),
-                mem: l.mem.clone(),
-                source,
-            }
-            .into());
-        }
-        eprintln!("threadwise: warning: ranks run unbound (rank {i}: {what} refused: {source})");
-        for l in &mut launches {
-            l.placement = Default::default();
-        }
-    }
-    let program = resolve(program)?;
+    check_bindings(&mut launches, a.allow_unbound)?;
     for l in &mut launches {
         l.program = Some(program.clone());
     }
@@ -236,25 +271,7 @@ pub fn run(a: RunCmd) -> Result<(), Failure> {
         log_dir: a.log_dir.clone(),
     };
     let outcome = supervise::run(&launches, &opts)?;
-    if !a.quiet {
-        eprint!("{}", supervise::summary(&outcome));
-    }
-    if let Some(report) = supervise::failure_report(&outcome) {
-        eprint!("{report}");
-    } else if let Some(sig) = outcome.signal {
-        eprintln!("threadwise: stopped by {}", crate::os::signal_name(sig));
-    }
-    if let Some(dir) = &a.log_dir {
-        eprintln!("threadwise: logs in {}", dir.display());
-    }
-    match outcome.code() {
-        0 => Ok(()),
-        code => Err(Failure {
-            message: String::new(),
-            hint: None,
-            code,
-        }),
-    }
+    finish_run(&a, &outcome)
 }
 
 /// Hand the job to torchrun's elastic agent; each rank runs `threadwise bind`.

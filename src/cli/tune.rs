@@ -105,7 +105,27 @@ fn winner_plan(
     Some(p)
 }
 
-pub fn tune_cmd(a: TuneCmd) -> Result<(), Failure> {
+/// The command each rank runs: the user's, or the built-in workload with its sizes.
+fn trial_argv(a: &TuneCmd) -> Result<Vec<OsString>, Failure> {
+    if !a.command.is_empty() {
+        crate::launch::resolve(&a.command[0])?;
+        return Ok(a.command.clone());
+    }
+    let mut v: Vec<OsString> = vec![workload_binary()?.into()];
+    for (k, val) in [
+        ("--seconds", a.work_seconds),
+        ("--size", a.work_size as f64),
+        ("--batch", a.work_batch as f64),
+        ("--layers", a.work_layers as f64),
+        ("--loader-work", a.work_loader as f64),
+    ] {
+        v.push(k.into());
+        v.push(val.to_string().into());
+    }
+    Ok(v)
+}
+
+fn check_numbers(a: &TuneCmd) -> Result<(), Failure> {
     if a.runs == 0 {
         return Err(Failure::usage("--runs must be at least 1", "e.g. --runs 3"));
     }
@@ -118,6 +138,51 @@ pub fn tune_cmd(a: TuneCmd) -> Result<(), Failure> {
             "e.g. --timeout 600",
         ));
     }
+    if !(a.work_seconds > 0.0 && a.work_seconds.is_finite()) {
+        return Err(Failure::usage(
+            format!(
+                "--work-seconds {}: must be a positive number",
+                a.work_seconds
+            ),
+            "e.g. --work-seconds 1.5",
+        ));
+    }
+    Ok(())
+}
+
+fn progress_bar() -> ProgressBar {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} trials, ETA {eta}  {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+fn save_winner(path: &std::path::Path, plan: Option<Plan>) -> Result<(), Failure> {
+    let Some(p) = plan else {
+        eprintln!("threadwise: no winner, so no plan saved");
+        return Ok(());
+    };
+    let text = serde_json::to_string_pretty(&p)
+        .map_err(|e| Failure::env(e.to_string(), "report this bug"))?;
+    export::write(path, &(text + "\n")).map_err(|e| {
+        Failure::env(
+            format!("cannot write {}: {e}", path.display()),
+            "check the path",
+        )
+    })?;
+    eprintln!(
+        "threadwise: saved the winner's plan to {0} (threadwise run --plan {0} -- CMD)",
+        path.display()
+    );
+    Ok(())
+}
+
+pub fn tune_cmd(a: TuneCmd) -> Result<(), Failure> {
+    check_numbers(&a)?;
     let metric = Metric::new(a.metric.as_deref())
         .map_err(|e| Failure::usage(e.to_string(), "e.g. --metric 'speed: ([0-9.]+)'"))?;
     let topo = load(&SourceArgs::default())?;
@@ -128,22 +193,7 @@ pub fn tune_cmd(a: TuneCmd) -> Result<(), Failure> {
     // The base request must make sense on this machine before anything runs.
     let base_plan = plan::plan(&topo, &base, &facts)?;
     let configs = configs(&a, &base, &facts)?;
-    let argv: Vec<OsString> = if a.command.is_empty() {
-        let mut v: Vec<OsString> = vec![workload_binary()?.into()];
-        for (k, val) in [
-            ("--seconds", a.work_seconds),
-            ("--size", a.work_size as f64),
-            ("--batch", a.work_batch as f64),
-            ("--layers", a.work_layers as f64),
-        ] {
-            v.push(k.into());
-            v.push(val.to_string().into());
-        }
-        v
-    } else {
-        crate::launch::resolve(&a.command[0])?;
-        a.command.clone()
-    };
+    let argv = trial_argv(&a)?;
     let files = exports(&a);
     let shown: Vec<String> = argv
         .iter()
@@ -159,23 +209,18 @@ pub fn tune_cmd(a: TuneCmd) -> Result<(), Failure> {
         grace: Duration::from_secs(5),
         gpu: GpuSampler::new(),
     };
+    let strategy = match a.strategy {
+        StrategyArg::All => Strategy::All,
+        StrategyArg::Halving => Strategy::Halving,
+    };
     let opts = TuneOptions {
         runs: a.runs,
         warmup: a.warmup,
-        strategy: match a.strategy {
-            StrategyArg::All => Strategy::All,
-            StrategyArg::Halving => Strategy::Halving,
-        },
+        strategy,
         metric,
         cpu_budget: topo.cpu_budget,
     };
-    let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} trials, ETA {eta}  {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let bar = progress_bar();
     let mut write_error = None;
     let report = tune(&configs, report, &opts, &mut runner, &mut |e| match e {
         Event::Start { total } => bar.set_length(total as u64),
@@ -191,10 +236,9 @@ pub fn tune_cmd(a: TuneCmd) -> Result<(), Failure> {
             ));
         }
         Event::Updated(r) => {
-            bar.set_position(
-                r.configs.iter().map(|c| c.trials.len()).sum::<usize>() as u64
-                    + (r.warmup * configs.len()) as u64,
-            );
+            let done =
+                r.configs.iter().map(|c| c.trials.len()).sum::<usize>() + r.warmup * configs.len();
+            bar.set_position(done as u64);
             if let Err(f) = write_all(&files, r) {
                 write_error.get_or_insert(f);
             }
@@ -209,24 +253,7 @@ pub fn tune_cmd(a: TuneCmd) -> Result<(), Failure> {
         eprintln!("threadwise: wrote {}", p.display());
     }
     if let Some(path) = &a.save_plan {
-        match winner_plan(&configs, &report, &topo, &facts) {
-            Some(p) => {
-                let text = serde_json::to_string_pretty(&p)
-                    .map_err(|e| Failure::env(e.to_string(), "report this bug"))?;
-                export::write(path, &(text + "\n")).map_err(|e| {
-                    Failure::env(
-                        format!("cannot write {}: {e}", path.display()),
-                        "check the path",
-                    )
-                })?;
-                eprintln!(
-                    "threadwise: saved the winner's plan to {} (threadwise run --plan {} -- CMD)",
-                    path.display(),
-                    path.display()
-                );
-            }
-            None => eprintln!("threadwise: no winner, so no plan saved"),
-        }
+        save_winner(path, winner_plan(&configs, &report, &topo, &facts))?;
     }
     if !report.complete {
         return Err(Failure {
