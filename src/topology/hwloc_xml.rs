@@ -26,6 +26,52 @@ fn locality<'a, 'i>(n: Node<'a, 'i>) -> Option<Node<'a, 'i>> {
         .find(|a| a.has_tag_name("object") && a.attribute("cpuset").is_some())
 }
 
+fn kind(n: &Node) -> String {
+    n.attribute("type").unwrap_or("").to_string()
+}
+
+/// Distinct CPU sets of the objects of one type, within the online CPUs.
+fn groups(objects: &[Node], ty: &str, online: &CpuSet) -> Result<Vec<Group>, String> {
+    let mut out: Vec<Group> = vec![];
+    for n in objects.iter().filter(|n| kind(n) == ty) {
+        let Some(cpus) = cpuset_attr(n, "cpuset")? else {
+            continue;
+        };
+        let cpus = cpus.intersection(online);
+        if !cpus.is_empty() && !out.iter().any(|g| g.cpus == cpus) {
+            out.push(Group {
+                id: out.len(),
+                cpus,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Packages, dies, caches and cores.
+fn cpu_objects(t: &mut Topology, objects: &[Node]) -> Result<(), String> {
+    let online = t.online_cpus.clone();
+    t.packages = groups(objects, "Package", &online)?;
+    t.dies = groups(objects, "Die", &online)?;
+    t.l2_groups = groups(objects, "L2Cache", &online)?;
+    t.l3_groups = groups(objects, "L3Cache", &online)?;
+    t.cores = groups(objects, "Core", &online)?
+        .into_iter()
+        .map(|g| Core {
+            id: g.id,
+            package: t
+                .packages
+                .iter()
+                .position(|p| p.cpus.intersects(&g.cpus))
+                .unwrap_or(0),
+            cpus: g.cpus,
+            kind: None,
+            capacity: None,
+        })
+        .collect();
+    Ok(())
+}
+
 /// Parse hwloc XML text. `name` is used in messages and the `source` field.
 pub fn parse(text: &str, name: &str) -> Result<Topology, TopologyError> {
     let err = |why: String| TopologyError::Xml {
@@ -50,8 +96,6 @@ pub fn parse(text: &str, name: &str) -> Result<Topology, TopologyError> {
         .descendants()
         .filter(|n| n.has_tag_name("object"))
         .collect();
-    let kind = |n: &Node| n.attribute("type").unwrap_or("").to_string();
-
     t.online_cpus = objects
         .iter()
         .filter(|n| kind(n) == "PU")
@@ -62,49 +106,14 @@ pub fn parse(text: &str, name: &str) -> Result<Topology, TopologyError> {
         return Err(err("no PU objects".to_string()));
     }
     let online = t.online_cpus.clone();
-    let mut allowed: Option<CpuSet> = None;
-    let groups = |ty: &str| -> Result<Vec<Group>, TopologyError> {
-        let mut out: Vec<Group> = vec![];
-        for n in objects.iter().filter(|n| kind(n) == ty) {
-            let Some(cpus) = cpuset_attr(n, "cpuset").map_err(&err)? else {
-                continue;
-            };
-            let cpus = cpus.intersection(&online);
-            if !cpus.is_empty() && !out.iter().any(|g| g.cpus == cpus) {
-                out.push(Group {
-                    id: out.len(),
-                    cpus,
-                });
-            }
-        }
-        Ok(out)
-    };
-    t.packages = groups("Package")?;
-    t.dies = groups("Die")?;
-    t.l2_groups = groups("L2Cache")?;
-    t.l3_groups = groups("L3Cache")?;
-    let cores = groups("Core")?;
-    t.cores = cores
-        .into_iter()
-        .map(|g| Core {
-            id: g.id,
-            package: 0,
-            cpus: g.cpus,
-            kind: None,
-            capacity: None,
-        })
-        .collect();
-    for core in &mut t.cores {
-        core.package = t
-            .packages
-            .iter()
-            .position(|p| p.cpus.intersects(&core.cpus))
-            .unwrap_or(0);
-    }
+    cpu_objects(&mut t, &objects).map_err(&err)?;
     for n in &objects {
         match kind(n).as_str() {
             "Machine" => {
-                allowed = cpuset_attr(n, "allowed_cpuset").map_err(&err)?;
+                if let Some(a) = cpuset_attr(n, "allowed_cpuset").map_err(&err)? {
+                    t.limits.cgroup_cpuset = Some(a);
+                    t.limits.cgroup_version = Some("from-xml".to_string());
+                }
             }
             "NUMANode" => {
                 let Some(id) = num_attr::<usize>(n, "os_index") else {
@@ -132,10 +141,6 @@ pub fn parse(text: &str, name: &str) -> Result<Topology, TopologyError> {
         });
     }
     t.numa_distances = distances(&root, &err)?;
-    if let Some(a) = allowed {
-        t.limits.cgroup_cpuset = Some(a);
-        t.limits.cgroup_version = Some("from-xml".to_string());
-    }
     t.finish();
     Ok(t)
 }

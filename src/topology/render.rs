@@ -64,6 +64,86 @@ fn device_line(kind: &str, d: &PciDevice) -> String {
     )
 }
 
+/// One NUMA node: its L3 groups with their cores, other cores, local devices.
+fn render_node(out: &mut String, t: &Topology, node: &super::NumaNode) {
+    let pk: Vec<String> = t
+        .packages
+        .iter()
+        .filter(|p| p.cpus.intersects(&node.cpus))
+        .map(|p| p.id.to_string())
+        .collect();
+    if node.cpus.is_empty() {
+        let _ = writeln!(
+            out,
+            "numa node {}: memory only, {}",
+            node.id,
+            gib(node.memory_bytes)
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "numa node {}: cpus {}, {}, package {}",
+            node.id,
+            node.cpus,
+            gib(node.memory_bytes),
+            pk.join(",")
+        );
+    }
+    let mut covered = CpuSet::new();
+    for g in t.l3_groups.iter().filter(|g| g.cpus.is_subset(&node.cpus)) {
+        let _ = writeln!(out, "  L3 {}", g.cpus);
+        wrap(out, "    ", &cores_line(t, &g.cpus));
+        covered = covered.union(&g.cpus);
+    }
+    let rest = node.cpus.difference(&covered);
+    if !rest.is_empty() {
+        wrap(out, "  ", &cores_line(t, &rest));
+    }
+    for (kind, list) in [("gpu", &t.gpus), ("nic", &t.nics)] {
+        for d in list.iter().filter(|d| d.numa_node == Some(node.id)) {
+            let _ = writeln!(out, "  {}", device_line(kind, d));
+        }
+    }
+}
+
+/// The allowed set and where its limits come from, then the reader's notes.
+fn render_limits(out: &mut String, t: &Topology) {
+    let mut why = vec![];
+    if let Some(a) = &t.limits.affinity {
+        why.push(format!("affinity {a}"));
+    }
+    if let Some(c) = &t.limits.cgroup_cpuset {
+        why.push(format!(
+            "cgroup {} cpuset {c}",
+            t.limits.cgroup_version.as_deref().unwrap_or("")
+        ));
+    }
+    if let Some(q) = t.limits.cpu_quota {
+        why.push(format!("cpu quota {q:.2} CPUs"));
+    }
+    let from = if why.is_empty() {
+        String::new()
+    } else {
+        format!(" from {}", why.join(", "))
+    };
+    let _ = writeln!(
+        out,
+        "allowed: {} ({} CPUs; budget {:.2} CPUs){from}",
+        t.allowed_cpus,
+        t.allowed_cpus.len(),
+        t.cpu_budget
+    );
+    if t.cores.iter().any(|c| !c.cpus.intersects(&t.allowed_cpus)) {
+        let _ = writeln!(
+            out,
+            "  ![..] marks cores this process may not use; ]e an efficiency core"
+        );
+    }
+    for n in &t.notes {
+        let _ = writeln!(out, "note: {n}");
+    }
+}
+
 /// Render the tree.
 pub fn render(t: &Topology) -> String {
     let mut out = String::new();
@@ -77,49 +157,7 @@ pub fn render(t: &Topology) -> String {
         t.source
     );
     for node in &t.numa_nodes {
-        let pk: Vec<String> = t
-            .packages
-            .iter()
-            .filter(|p| p.cpus.intersects(&node.cpus))
-            .map(|p| p.id.to_string())
-            .collect();
-        if node.cpus.is_empty() {
-            let _ = writeln!(
-                out,
-                "numa node {}: memory only, {}",
-                node.id,
-                gib(node.memory_bytes)
-            );
-        } else {
-            let _ = writeln!(
-                out,
-                "numa node {}: cpus {}, {}, package {}",
-                node.id,
-                node.cpus,
-                gib(node.memory_bytes),
-                pk.join(",")
-            );
-        }
-        let l3s: Vec<_> = t
-            .l3_groups
-            .iter()
-            .filter(|g| g.cpus.is_subset(&node.cpus))
-            .collect();
-        let mut covered = CpuSet::new();
-        for g in &l3s {
-            let _ = writeln!(out, "  L3 {}", g.cpus);
-            wrap(&mut out, "    ", &cores_line(t, &g.cpus));
-            covered = covered.union(&g.cpus);
-        }
-        let rest = node.cpus.difference(&covered);
-        if !rest.is_empty() {
-            wrap(&mut out, "  ", &cores_line(t, &rest));
-        }
-        for (kind, list) in [("gpu", &t.gpus), ("nic", &t.nics)] {
-            for d in list.iter().filter(|d| d.numa_node == Some(node.id)) {
-                let _ = writeln!(out, "  {}", device_line(kind, d));
-            }
-        }
+        render_node(&mut out, t, node);
     }
     for (kind, list) in [("gpu", &t.gpus), ("nic", &t.nics)] {
         for d in list.iter().filter(|d| d.numa_node.is_none()) {
@@ -135,39 +173,6 @@ pub fn render(t: &Topology) -> String {
             let _ = writeln!(out, "  {id:>4}{}", cells.join(""));
         }
     }
-    let mut why = vec![];
-    if let Some(a) = &t.limits.affinity {
-        why.push(format!("affinity {a}"));
-    }
-    if let Some(c) = &t.limits.cgroup_cpuset {
-        why.push(format!(
-            "cgroup {} cpuset {c}",
-            t.limits.cgroup_version.as_deref().unwrap_or("")
-        ));
-    }
-    if let Some(q) = t.limits.cpu_quota {
-        why.push(format!("cpu quota {q:.2} CPUs"));
-    }
-    let _ = writeln!(
-        out,
-        "allowed: {} ({} CPUs; budget {:.2} CPUs){}",
-        t.allowed_cpus,
-        t.allowed_cpus.len(),
-        t.cpu_budget,
-        if why.is_empty() {
-            String::new()
-        } else {
-            format!(" from {}", why.join(", "))
-        }
-    );
-    if t.cores.iter().any(|c| !c.cpus.intersects(&t.allowed_cpus)) {
-        let _ = writeln!(
-            out,
-            "  ![..] marks cores this process may not use; ]e an efficiency core"
-        );
-    }
-    for n in &t.notes {
-        let _ = writeln!(out, "note: {n}");
-    }
+    render_limits(&mut out, t);
     out
 }

@@ -31,57 +31,42 @@ fn mark(r: &TuneReport, c: &ConfigResult) -> &'static str {
     }
 }
 
-/// The table and what to know about it.
-pub fn render(r: &TuneReport) -> String {
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED);
-    t.set_header([
-        "configuration",
-        &format!("throughput ({}) median [min-max]", r.unit),
-        "speed-up",
-        "CPU %",
-        "GPU %",
-        "GPU mem",
-        "ctx sw/s vol/invol",
-        "RSS MiB",
-        "",
-    ]);
-    for c in &r.configs {
-        let thr = match c.throughput {
-            Some(s) => format!(
-                "{} [{}-{}] n={}",
-                num(s.median),
-                num(s.min),
-                num(s.max),
-                s.n
-            ),
-            None => "-".to_string(),
-        };
-        let failed = c.trials.iter().filter(|t| t.status != "ok").count();
-        let name = if failed > 0 {
-            format!("{} ({failed} failed)", c.name)
-        } else {
-            c.name.clone()
-        };
-        t.add_row([
-            name,
-            thr,
-            opt(c.speedup, |v| format!("{v:.2}x")),
-            opt(c.cpu_util_pct, |v| format!("{v:.0}")),
-            opt(c.gpu_util_pct, |v| format!("{v:.0}")),
-            opt(c.gpu_mem_mib, |v| format!("{v:.0} MiB")),
-            match (c.voluntary_cs_per_s, c.involuntary_cs_per_s) {
-                (Some(a), Some(b)) => format!("{a:.0}/{b:.0}"),
-                _ => "n/a".into(),
-            },
-            opt(c.peak_rss_mib, |v| format!("{v:.0}")),
-            mark(r, c).to_string(),
-        ]);
-    }
-    let mut out = format!(
-        "{} rank(s) on {}, CPU budget {:.2}, {} run(s) each after {} warm-up; CPU % is of the budget\n{t}\n",
-        r.nproc, r.source, r.cpu_budget, r.runs, r.warmup
-    );
+fn row(r: &TuneReport, c: &ConfigResult) -> Vec<String> {
+    let thr = match c.throughput {
+        Some(s) => format!(
+            "{} [{}-{}] n={}",
+            num(s.median),
+            num(s.min),
+            num(s.max),
+            s.n
+        ),
+        None => "-".to_string(),
+    };
+    let failed = c.trials.iter().filter(|t| t.status != "ok").count();
+    let name = if failed > 0 {
+        format!("{} ({failed} failed)", c.name)
+    } else {
+        c.name.clone()
+    };
+    vec![
+        name,
+        thr,
+        opt(c.speedup, |v| format!("{v:.2}x")),
+        opt(c.cpu_util_pct, |v| format!("{v:.0}")),
+        opt(c.gpu_util_pct, |v| format!("{v:.0}")),
+        opt(c.gpu_mem_mib, |v| format!("{v:.0} MiB")),
+        match (c.voluntary_cs_per_s, c.involuntary_cs_per_s) {
+            (Some(a), Some(b)) => format!("{a:.0}/{b:.0}"),
+            _ => "n/a".into(),
+        },
+        opt(c.peak_rss_mib, |v| format!("{v:.0}")),
+        mark(r, c).to_string(),
+    ]
+}
+
+/// Dropped configurations, failed trials with their stderr, warnings, the winner.
+fn notes(r: &TuneReport) -> String {
+    let mut out = String::new();
     for c in &r.configs {
         if let Some(round) = c.dropped_after_round {
             out.push_str(&format!(
@@ -90,14 +75,13 @@ pub fn render(r: &TuneReport) -> String {
             ));
         }
         for tr in c.trials.iter().filter(|t| t.status != "ok") {
+            let why = tr
+                .message
+                .as_ref()
+                .map_or(String::new(), |m| format!(" ({m})"));
             out.push_str(&format!(
-                "{} round {}: {}{}\n",
-                c.name,
-                tr.round,
-                tr.status,
-                tr.message
-                    .as_ref()
-                    .map_or(String::new(), |m| format!(" ({m})"))
+                "{} round {}: {}{why}\n",
+                c.name, tr.round, tr.status
             ));
             for l in &tr.stderr_tail {
                 out.push_str(&format!("  | {l}\n"));
@@ -125,4 +109,33 @@ pub fn render(r: &TuneReport) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The table and what to know about it.
+pub fn render(r: &TuneReport) -> String {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header([
+        "configuration",
+        &format!("throughput ({}) median [min-max]", r.unit),
+        "speed-up",
+        "CPU %",
+        "GPU %",
+        "GPU mem",
+        "ctx sw/s vol/invol",
+        "RSS MiB",
+        "",
+    ]);
+    for c in &r.configs {
+        t.add_row(row(r, c));
+    }
+    format!(
+        "{} rank(s) on {}, CPU budget {:.2}, {} run(s) each after {} warm-up; CPU % is of the budget\n{t}\n{}",
+        r.nproc,
+        r.source,
+        r.cpu_budget,
+        r.runs,
+        r.warmup,
+        notes(r)
+    )
 }
