@@ -46,6 +46,19 @@ fn survivors(marker: &str) -> Vec<String> {
     out
 }
 
+/// `threadwise run ARGS -- bash -c SCRIPT` in the background, output discarded
+/// unless asked for.
+fn spawn_run(args: &[&str], script: &str, stderr: Stdio) -> std::process::Child {
+    Command::new(bin())
+        .arg("run")
+        .args(args)
+        .args(["--", "bash", "-c", script])
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap()
+}
+
 fn plan_json(n: usize) -> Value {
     let out = threadwise()
         .args(["plan", "--json", "-n", &n.to_string()])
@@ -346,21 +359,11 @@ fn user_environment_passes_through_and_allocator_is_a_real_file() {
 fn sigint_is_forwarded_and_a_second_one_kills() {
     let marker = "tw-sigint-7734";
     // Ranks that exit 7 on SIGINT.
-    let child = Command::new(bin())
-        .args([
-            "run",
-            "-n",
-            "2",
-            "-q",
-            "--",
-            "bash",
-            "-c",
-            &format!("trap 'exit 7' INT; while :; do sleep 0.05; done # {marker}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_run(
+        &["-n", "2", "-q"],
+        &format!("trap 'exit 7' INT; while :; do sleep 0.05; done # {marker}"),
+        Stdio::piped(),
+    );
     std::thread::sleep(Duration::from_millis(400));
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let out = child.wait_with_output().unwrap();
@@ -370,23 +373,11 @@ fn sigint_is_forwarded_and_a_second_one_kills() {
 
     // Ranks that ignore SIGINT and SIGTERM: the second SIGINT kills at once.
     let marker = "tw-stubborn-7735";
-    let mut child = Command::new(bin())
-        .args([
-            "run",
-            "-n",
-            "2",
-            "-q",
-            "--grace",
-            "30",
-            "--",
-            "bash",
-            "-c",
-            &format!("trap '' INT TERM; while :; do sleep 0.05; done # {marker}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_run(
+        &["-n", "2", "-q", "--grace", "30"],
+        &format!("trap '' INT TERM; while :; do sleep 0.05; done # {marker}"),
+        Stdio::null(),
+    );
     std::thread::sleep(Duration::from_millis(400));
     let t = Instant::now();
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
@@ -401,21 +392,11 @@ fn sigint_is_forwarded_and_a_second_one_kills() {
 #[test]
 fn ranks_die_with_a_sigkilled_threadwise() {
     let marker = "tw-orphan-9921";
-    let mut child = Command::new(bin())
-        .args([
-            "run",
-            "-n",
-            "2",
-            "-q",
-            "--",
-            "bash",
-            "-c",
-            &format!("while :; do sleep 0.05; done # {marker}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_run(
+        &["-n", "2", "-q"],
+        &format!("while :; do sleep 0.05; done # {marker}"),
+        Stdio::null(),
+    );
     std::thread::sleep(Duration::from_millis(400));
     let before = survivors(marker).len();
     child.kill().unwrap();

@@ -198,18 +198,14 @@ fn compare(machine: &str, got: &Value, exp: &Value) -> Vec<String> {
     if kept(machine, "numa_distances.truncated") {
         // Expected = our full matrix, row-major, cut to its first k*k values.
         let k = ed["ids"].as_array().unwrap().len();
-        let ours: Vec<u64> = gd["matrix"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|r| r.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()))
-            .collect();
-        let theirs: Vec<u64> = ed["matrix"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|r| r.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()))
-            .collect();
+        let flat = |m: &Value| -> Vec<u64> {
+            m.as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|r| r.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()))
+                .collect()
+        };
+        let (ours, theirs) = (flat(&gd["matrix"]), flat(&ed["matrix"]));
         let prefix_matches = ours.len() > k * k && ours[..k * k] == theirs[..];
         check("numa_distances.truncated", !prefix_matches);
     } else if kept(machine, "numa_nodes.gpu_memory") {
