@@ -16,7 +16,7 @@ pub struct Launcher {
     pub global: Option<(usize, usize)>,
 }
 
-fn num(env: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<usize>, LaunchError> {
+fn num(env: Env, var: &str) -> Result<Option<usize>, LaunchError> {
     match env(var) {
         None => Ok(None),
         Some(v) => v
@@ -50,96 +50,126 @@ pub fn slurm_tasks_per_node(text: &str) -> Result<Vec<usize>, LaunchError> {
     Ok(out)
 }
 
-/// Detect the launcher from an environment lookup.
-pub fn detect(env: &dyn Fn(&str) -> Option<String>) -> Result<Launcher, LaunchError> {
-    let pair = |name: &'static str,
-                rank: &str,
-                size: &str,
-                binds: bool|
-     -> Result<Option<Launcher>, LaunchError> {
-        match (num(env, rank)?, num(env, size)?) {
-            (Some(local_rank), Some(local_size)) => Ok(Some(Launcher {
-                name,
-                local_rank,
-                local_size,
-                binds_ranks: binds,
-                global: None,
-            })),
-            (Some(_), None) => Err(LaunchError::Launcher(format!(
-                "{name}: {rank} is set but {size} is not"
-            ))),
-            _ => Ok(None),
-        }
-    };
-    let found = if let Some(l) = pair("torchrun", "LOCAL_RANK", "LOCAL_WORLD_SIZE", false)? {
-        l
-    } else if let Some(l) = pair(
+/// Launchers that name the local rank and size directly, in the order they are
+/// looked for (torchrun first: under srun + torchrun both are set), with the
+/// variables of the global rank and size, and whether they bind ranks.
+const DIRECT: &[(&str, &str, &str, &str, &str, bool)] = &[
+    (
+        "torchrun",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "RANK",
+        "WORLD_SIZE",
+        false,
+    ),
+    (
         "Open MPI",
         "OMPI_COMM_WORLD_LOCAL_RANK",
         "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
         true,
-    )? {
-        l
-    } else if let Some(l) = pair(
+    ),
+    (
         "MVAPICH",
         "MV2_COMM_WORLD_LOCAL_RANK",
         "MV2_COMM_WORLD_LOCAL_SIZE",
+        "MV2_COMM_WORLD_RANK",
+        "MV2_COMM_WORLD_SIZE",
         true,
-    )? {
-        l
-    } else if let Some(l) = pair(
+    ),
+    (
         "MPICH/Intel MPI",
         "MPI_LOCALRANKID",
         "MPI_LOCALNRANKS",
+        "PMI_RANK",
+        "PMI_SIZE",
         true,
-    )? {
-        l
-    } else if let Some(l) = pair("Cray PALS", "PALS_LOCAL_RANKID", "PMI_LOCAL_SIZE", true)? {
-        l
-    } else if let Some(l) = pair("Cray PALS", "PMI_LOCAL_RANK", "PMI_LOCAL_SIZE", true)? {
-        l
-    } else if let Some(local_rank) = num(env, "SLURM_LOCALID")? {
-        let per_node = env("SLURM_TASKS_PER_NODE").ok_or_else(|| {
-            LaunchError::Launcher(
-                "Slurm: SLURM_LOCALID is set but SLURM_TASKS_PER_NODE is not".into(),
-            )
-        })?;
-        let counts = slurm_tasks_per_node(&per_node)?;
-        let node = num(env, "SLURM_NODEID")?.unwrap_or(0);
-        let local_size = *counts.get(node).ok_or_else(|| {
-            LaunchError::Launcher(format!(
-                "Slurm: SLURM_NODEID={node} but SLURM_TASKS_PER_NODE={per_node:?} lists {} nodes",
-                counts.len()
-            ))
-        })?;
-        Launcher {
-            name: "Slurm",
-            local_rank,
-            local_size,
-            binds_ranks: true,
-            global: None,
-        }
-    } else {
-        return Err(LaunchError::Launcher(
-            "no launcher environment found (LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK, \
-             MPI_LOCALRANKID, PALS_LOCAL_RANKID/PMI_LOCAL_RANK, MV2_COMM_WORLD_LOCAL_RANK)"
-                .into(),
-        ));
+    ),
+    (
+        "Cray PALS",
+        "PALS_LOCAL_RANKID",
+        "PMI_LOCAL_SIZE",
+        "PMI_RANK",
+        "PMI_SIZE",
+        true,
+    ),
+    (
+        "Cray PALS",
+        "PMI_LOCAL_RANK",
+        "PMI_LOCAL_SIZE",
+        "PMI_RANK",
+        "PMI_SIZE",
+        true,
+    ),
+];
+
+type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// Slurm: the local size is this node's entry of SLURM_TASKS_PER_NODE.
+fn slurm(env: Env, local_rank: usize) -> Result<Launcher, LaunchError> {
+    let per_node = env("SLURM_TASKS_PER_NODE").ok_or_else(|| {
+        LaunchError::Launcher("Slurm: SLURM_LOCALID is set but SLURM_TASKS_PER_NODE is not".into())
+    })?;
+    let counts = slurm_tasks_per_node(&per_node)?;
+    let node = num(env, "SLURM_NODEID")?.unwrap_or(0);
+    let local_size = *counts.get(node).ok_or_else(|| {
+        LaunchError::Launcher(format!(
+            "Slurm: SLURM_NODEID={node} but SLURM_TASKS_PER_NODE={per_node:?} lists {} nodes",
+            counts.len()
+        ))
+    })?;
+    let global = match (num(env, "SLURM_PROCID")?, num(env, "SLURM_NTASKS")?) {
+        (Some(r), Some(w)) => Some((r, w)),
+        _ => None,
     };
-    let mut found = found;
-    let globals: &[(&str, &str, &str)] = &[
-        ("torchrun", "RANK", "WORLD_SIZE"),
-        ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-        ("MVAPICH", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE"),
-        ("MPICH/Intel MPI", "PMI_RANK", "PMI_SIZE"),
-        ("Cray PALS", "PMI_RANK", "PMI_SIZE"),
-        ("Slurm", "SLURM_PROCID", "SLURM_NTASKS"),
-    ];
-    if let Some((_, r, w)) = globals.iter().find(|(n, _, _)| *n == found.name)
-        && let (Some(r), Some(w)) = (num(env, r)?, num(env, w)?)
-    {
-        found.global = Some((r, w));
+    Ok(Launcher {
+        name: "Slurm",
+        local_rank,
+        local_size,
+        binds_ranks: true,
+        global,
+    })
+}
+
+/// Detect the launcher from an environment lookup.
+pub fn detect(env: Env) -> Result<Launcher, LaunchError> {
+    let mut found = None;
+    for &(name, rank, size, grank, gsize, binds) in DIRECT {
+        match (num(env, rank)?, num(env, size)?) {
+            (Some(local_rank), Some(local_size)) => {
+                let global = match (num(env, grank)?, num(env, gsize)?) {
+                    (Some(r), Some(w)) => Some((r, w)),
+                    _ => None,
+                };
+                found = Some(Launcher {
+                    name,
+                    local_rank,
+                    local_size,
+                    binds_ranks: binds,
+                    global,
+                });
+                break;
+            }
+            (Some(_), None) => {
+                return Err(LaunchError::Launcher(format!(
+                    "{name}: {rank} is set but {size} is not"
+                )));
+            }
+            _ => {}
+        }
     }
+    let found = match (found, num(env, "SLURM_LOCALID")?) {
+        (Some(l), _) => l,
+        (None, Some(local_rank)) => slurm(env, local_rank)?,
+        (None, None) => {
+            return Err(LaunchError::Launcher(
+                "no launcher environment found (LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK, \
+                 MPI_LOCALRANKID, PALS_LOCAL_RANKID/PMI_LOCAL_RANK, MV2_COMM_WORLD_LOCAL_RANK)"
+                    .into(),
+            ));
+        }
+    };
     if found.local_size == 0 || found.local_rank >= found.local_size {
         return Err(LaunchError::Launcher(format!(
             "{}: local rank {} is not below the local size {}",
@@ -240,6 +270,29 @@ mod tests {
             let l = detect(&env_of(env)).unwrap();
             assert_eq!((l.name, l.local_rank, l.local_size), (*name, *rank, *size));
         }
+    }
+
+    #[test]
+    fn global_rank_and_size() {
+        let l = detect(&env_of(&[
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("OMPI_COMM_WORLD_RANK", "5"),
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+        ]))
+        .unwrap();
+        assert_eq!(l.global, Some((5, 8)));
+        assert!(l.binds_ranks);
+        let l = detect(&env_of(&[
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_TASKS_PER_NODE", "2"),
+            ("SLURM_PROCID", "2"),
+            ("SLURM_NTASKS", "4"),
+        ]))
+        .unwrap();
+        assert_eq!(l.global, Some((2, 4)));
+        let l = detect(&env_of(&[("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1")])).unwrap();
+        assert_eq!((l.global, l.binds_ranks), (None, false));
     }
 
     #[test]
