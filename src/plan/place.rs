@@ -122,78 +122,37 @@ fn distance(topo: &Topology, a: Option<usize>, b: Option<usize>) -> u64 {
     }
 }
 
-/// Give each rank its own units: GPU ranks on their GPU's node, an equal number
-/// each (the smallest node share, so no rank waits on a poorer sibling); CPU
-/// ranks contiguous runs of the ordered units, sizes within one of each other.
-fn assign_exclusive(
+/// CPU-only ranks: contiguous runs of the ordered units, sizes within one.
+fn contiguous_runs(units: usize, n: usize) -> Vec<Vec<usize>> {
+    let (base, extra) = (units / n, units % n);
+    let mut at = 0;
+    (0..n)
+        .map(|i| {
+            let k = base + usize::from(i < extra);
+            at += k;
+            (at - k..at).collect()
+        })
+        .collect()
+}
+
+/// Ranks whose GPU's node is unknown or short of CPUs take `share` free units
+/// nearest to that node by NUMA distance.
+fn place_homeless(
     topo: &Topology,
     units: &[Unit],
     gpus: &[Option<&PciDevice>],
-    unit_name: &'static str,
+    share: usize,
+    unit_name: &str,
+    out: &mut [Vec<usize>],
     reasons: &mut [Vec<String>],
-) -> Option<Vec<Vec<usize>>> {
-    let n = gpus.len();
-    if units.len() < n {
-        return None;
-    }
-    if gpus.iter().all(Option::is_none) {
-        let (base, extra) = (units.len() / n, units.len() % n);
-        let mut at = 0;
-        return Some(
-            (0..n)
-                .map(|i| {
-                    let k = base + usize::from(i < extra);
-                    at += k;
-                    (at - k..at).collect()
-                })
-                .collect(),
-        );
-    }
-    let gpu_node = |i: usize| gpus[i].and_then(|g| g.numa_node);
-    let mut by_node: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for i in 0..n {
-        if let Some(node) = gpu_node(i) {
-            by_node.entry(node).or_default().push(i);
-        }
-    }
-    let on_node = |node: usize| -> Vec<usize> {
-        (0..units.len())
-            .filter(|&u| units[u].node == Some(node))
-            .collect()
-    };
-    let share = by_node
-        .iter()
-        .map(|(node, ranks)| on_node(*node).len() / ranks.len())
-        .filter(|s| *s > 0)
-        .min()
-        .unwrap_or(units.len())
-        // Ranks whose node is short take their share elsewhere: all must fit.
-        .min(units.len() / n)
-        .max(1);
-    let mut out: Vec<Vec<usize>> = vec![vec![]; n];
+) -> Option<()> {
     let mut used = vec![false; units.len()];
-    for (node, ranks) in &by_node {
-        let local = on_node(*node);
-        if local.len() / ranks.len() == 0 {
-            continue;
-        }
-        for (k, &r) in ranks.iter().enumerate() {
-            out[r] = local[k * share..(k + 1) * share].to_vec();
-            for &u in &out[r] {
-                used[u] = true;
-            }
-            reasons[r].push(format!(
-                "its GPU is on NUMA node {node}: {share} {unit_name}s of the {} allowed there, \
-                 shared out among the node's {} GPU rank(s)",
-                local.len(),
-                ranks.len()
-            ));
-        }
+    for &u in out.iter().flatten() {
+        used[u] = true;
     }
-    // Ranks whose GPU node is unknown or has too few CPUs: nearest free units.
-    let homeless: Vec<usize> = (0..n).filter(|r| out[*r].is_empty()).collect();
+    let homeless: Vec<usize> = (0..out.len()).filter(|r| out[*r].is_empty()).collect();
     for r in homeless {
-        let want = gpu_node(r);
+        let want = gpus[r].and_then(|g| g.numa_node);
         let mut free: Vec<usize> = (0..units.len()).filter(|u| !used[*u]).collect();
         free.sort_by_key(|&u| (distance(topo, want, units[u].node), u));
         if free.len() < share {
@@ -212,6 +171,63 @@ fn assign_exclusive(
             None => format!("its GPU's NUMA node is unknown: {share} {unit_name}s on node(s) {got:?}"),
         });
     }
+    Some(())
+}
+
+/// Give each rank its own units: GPU ranks on their GPU's node, an equal number
+/// each (the smallest node share, so no rank waits on a poorer sibling); CPU
+/// ranks contiguous runs of the ordered units, sizes within one of each other.
+fn assign_exclusive(
+    topo: &Topology,
+    units: &[Unit],
+    gpus: &[Option<&PciDevice>],
+    unit_name: &'static str,
+    reasons: &mut [Vec<String>],
+) -> Option<Vec<Vec<usize>>> {
+    let n = gpus.len();
+    if units.len() < n {
+        return None;
+    }
+    if gpus.iter().all(Option::is_none) {
+        return Some(contiguous_runs(units.len(), n));
+    }
+    let mut by_node: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, g) in gpus.iter().enumerate() {
+        if let Some(node) = g.and_then(|g| g.numa_node) {
+            by_node.entry(node).or_default().push(i);
+        }
+    }
+    let on_node = |node: usize| -> Vec<usize> {
+        (0..units.len())
+            .filter(|&u| units[u].node == Some(node))
+            .collect()
+    };
+    let share = by_node
+        .iter()
+        .map(|(node, ranks)| on_node(*node).len() / ranks.len())
+        .filter(|s| *s > 0)
+        .min()
+        .unwrap_or(units.len())
+        // Ranks whose node is short take their share elsewhere: all must fit.
+        .min(units.len() / n)
+        .max(1);
+    let mut out: Vec<Vec<usize>> = vec![vec![]; n];
+    for (node, ranks) in &by_node {
+        let local = on_node(*node);
+        if local.len() / ranks.len() == 0 {
+            continue;
+        }
+        for (k, &r) in ranks.iter().enumerate() {
+            out[r] = local[k * share..(k + 1) * share].to_vec();
+            reasons[r].push(format!(
+                "its GPU is on NUMA node {node}: {share} {unit_name}s of the {} allowed there, \
+                 shared out among the node's {} GPU rank(s)",
+                local.len(),
+                ranks.len()
+            ));
+        }
+    }
+    place_homeless(topo, units, gpus, share, unit_name, &mut out, reasons)?;
     Some(out)
 }
 
