@@ -278,3 +278,52 @@ fn tune_errors_name_the_input() {
     fails(&["-n", "4096"], "4096 ranks need 4096 physical cores");
     fails(&["--", "no-such-command-xyz"], "command not found");
 }
+
+#[test]
+fn a_trial_that_times_out_is_reported_and_the_others_go_on() {
+    let d = tempfile::tempdir().unwrap();
+    let j = d.path().join("r.json");
+    // threads=2 hangs; the others answer at once.
+    let script =
+        "[ \"$OMP_NUM_THREADS\" = 2 ] && { echo stuck >&2; exec sleep 30; }; echo '10 img/s'";
+    let t = std::time::Instant::now();
+    let out = Command::new(bin())
+        .args([
+            "tune",
+            "-n",
+            "1",
+            "--runs",
+            "1",
+            "--timeout",
+            "0.5",
+            "--grid",
+            "threads=1,2",
+            "--export-json",
+        ])
+        .arg(&j)
+        .args(["--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    let r = json(&j);
+    let by = |n: &str| {
+        r["configs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == n)
+            .unwrap()
+            .clone()
+    };
+    let stuck = by("threads=2");
+    assert_eq!(stuck["trials"][0]["status"], "timeout");
+    assert_eq!(stuck["trials"][0]["stderr_tail"][0], "stuck");
+    assert_eq!(by("threads=1")["trials"][0]["status"], "ok");
+    assert_eq!(r["winner"], "threads=1");
+    assert!(
+        text(&out.stdout).contains("threads=2 round 0: timeout (timed out)"),
+        "{}",
+        text(&out.stdout)
+    );
+}
