@@ -4,6 +4,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use clap::builder::TypedValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::plan::{Amount, GpuSelect, NProc};
@@ -107,7 +108,7 @@ pub struct PlanArgs {
     #[arg(long)]
     pub smt: bool,
     /// Compute threads per rank
-    #[arg(long, value_name = "N|auto", default_value = "auto", value_parser = parse_amount)]
+    #[arg(long, value_name = "N|auto", default_value = "auto", value_parser = parse_threads)]
     pub threads: Amount,
     /// DataLoader workers per rank (THREADWISE_NUM_WORKERS)
     #[arg(long, value_name = "N|auto", default_value = "auto", value_parser = parse_amount)]
@@ -168,6 +169,12 @@ fn parse_gpus(s: &str) -> Result<GpuSelect, String> {
 fn parse_amount(s: &str) -> Result<Amount, String> {
     s.parse()
 }
+fn parse_threads(s: &str) -> Result<Amount, String> {
+    match s.parse()? {
+        Amount::Fixed(0) => Err("0 threads: give at least 1, or auto".into()),
+        a => Ok(a),
+    }
+}
 
 #[derive(Args, Debug)]
 pub struct RunCmd {
@@ -180,7 +187,7 @@ pub struct RunCmd {
     #[arg(long, default_value = "127.0.0.1")]
     pub master_addr: String,
     /// MASTER_PORT for the ranks (default: a free port)
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub master_port: Option<u16>,
     /// Seconds between SIGTERM and SIGKILL when stopping ranks
     #[arg(long, default_value_t = 10.0, value_name = "SECS")]
@@ -290,10 +297,10 @@ pub struct TuneCmd {
     #[arg(long, default_value_t = 1.5, value_name = "SECS")]
     pub work_seconds: f64,
     /// Built-in workload: layer width
-    #[arg(long, default_value_t = 192)]
+    #[arg(long, default_value_t = 192, value_parser = clap::value_parser!(u64).range(1..=8192).map(|v| v as usize))]
     pub work_size: usize,
     /// Built-in workload: samples per step per rank
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=4096).map(|v| v as usize))]
     pub work_batch: usize,
     /// Built-in workload: parallel regions (layers) per step
     #[arg(long, default_value_t = 8)]

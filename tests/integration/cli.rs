@@ -60,6 +60,17 @@ fn impossible_requests_name_what_is_short() {
         &["invalid value 'bogus'"],
     );
     fails(
+        &with(&s, &["--threads", "0"]),
+        2,
+        &["0 threads: give at least 1, or auto"],
+    );
+    fails(
+        &["run", "--master-port", "0", "--", "true"],
+        2,
+        &["--master-port"],
+    );
+    fails(&["tune", "--work-size", "0"], 2, &["--work-size"]);
+    fails(
         &with(&s, &["--format", "env"]),
         2,
         &["--format env needs --local-rank K (0-0)"],
