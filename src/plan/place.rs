@@ -19,6 +19,8 @@ pub struct Slice {
     pub cores: usize,
     /// How many ranks share these CPUs.
     pub sharers: usize,
+    /// The efficiency cores (hybrid CPUs) among `core_sets`.
+    pub efficiency: CpuSet,
     pub reasons: Vec<String>,
 }
 
@@ -27,6 +29,8 @@ struct Unit {
     cpus: CpuSet,
     cores: Vec<CpuSet>,
     node: Option<usize>,
+    /// An efficiency core of a hybrid CPU.
+    efficient: bool,
 }
 
 /// NUMA nodes whose CPUs meet `cpus`.
@@ -41,19 +45,24 @@ pub fn nodes_of(topo: &Topology, cpus: &CpuSet) -> Vec<usize> {
 /// Allowed physical cores, each with its allowed siblings, in placement order.
 fn core_units(topo: &Topology) -> Vec<Unit> {
     let allowed = &topo.allowed_cpus;
-    let mut sets: Vec<CpuSet> = topo
+    let mut sets: Vec<(CpuSet, bool)> = topo
         .cores
         .iter()
-        .map(|c| c.cpus.intersection(allowed))
-        .filter(|s| !s.is_empty())
+        .map(|c| {
+            (
+                c.cpus.intersection(allowed),
+                c.kind.as_deref() == Some("efficiency"),
+            )
+        })
+        .filter(|(s, _)| !s.is_empty())
         .collect();
     // Allowed CPUs no core lists (sources without core information).
-    let covered = sets.iter().fold(CpuSet::new(), |a, s| a.union(s));
+    let covered = sets.iter().fold(CpuSet::new(), |a, (s, _)| a.union(s));
     sets.extend(
         allowed
             .difference(&covered)
             .iter()
-            .map(|c| std::iter::once(c).collect()),
+            .map(|c| (std::iter::once(c).collect(), false)),
     );
     // CPU -> L3 group and CPU -> node tables: one pass over the groups instead
     // of a set intersection per core and group (4096-CPU machines).
@@ -73,7 +82,7 @@ fn core_units(topo: &Topology) -> Vec<Unit> {
     let first = |s: &CpuSet| s.first().filter(|c| *c < width);
     let mut units: Vec<(Option<usize>, Option<usize>, Unit)> = sets
         .into_iter()
-        .map(|cpus| {
+        .map(|(cpus, efficient)| {
             let node = first(&cpus).and_then(|c| node_of[c]);
             let l3 = first(&cpus).and_then(|c| l3_of[c]);
             (
@@ -83,6 +92,7 @@ fn core_units(topo: &Topology) -> Vec<Unit> {
                     cores: vec![cpus.clone()],
                     cpus,
                     node,
+                    efficient,
                 },
             )
         })
@@ -103,10 +113,15 @@ fn l3_units(topo: &Topology, cores: &[Unit]) -> Vec<Unit> {
                 .map(|u| u.cpus.clone())
                 .collect();
             let cpus = members.iter().fold(CpuSet::new(), |a, s| a.union(s));
+            let efficient = cores
+                .iter()
+                .filter(|u| u.cpus.is_subset(&g.cpus))
+                .all(|u| u.efficient);
             (!cpus.is_empty()).then(|| Unit {
                 node: topo.node_of_set(&cpus),
                 cpus,
                 cores: members,
+                efficient,
             })
         })
         .collect();
@@ -131,6 +146,45 @@ fn contiguous_runs(units: usize, n: usize) -> Vec<Vec<usize>> {
             let k = base + usize::from(i < extra);
             at += k;
             (at - k..at).collect()
+        })
+        .collect()
+}
+
+/// CPU-only ranks: contiguous runs; on a hybrid CPU, performance and efficiency
+/// cores are shared out separately, so every rank gets the same mix and none
+/// runs on efficiency cores alone (DDP waits for its slowest rank).
+fn cpu_runs(
+    units: &[Unit],
+    n: usize,
+    unit_name: &str,
+    reasons: &mut [Vec<String>],
+) -> Vec<Vec<usize>> {
+    let (fast, slow): (Vec<usize>, Vec<usize>) =
+        (0..units.len()).partition(|&u| !units[u].efficient);
+    if slow.is_empty() {
+        return contiguous_runs(units.len(), n);
+    }
+    if fast.len() < n {
+        for r in reasons.iter_mut() {
+            r.push(format!(
+                "hybrid CPU: {n} ranks but {} performance {unit_name}(s): some ranks run on efficiency cores only",
+                fast.len()
+            ));
+        }
+        return contiguous_runs(units.len(), n);
+    }
+    let runs_fast = contiguous_runs(fast.len(), n);
+    let runs_slow = contiguous_runs(slow.len(), n);
+    (0..n)
+        .map(|r| {
+            let mut v: Vec<usize> = runs_fast[r].iter().map(|&i| fast[i]).collect();
+            v.extend(runs_slow[r].iter().map(|&i| slow[i]));
+            reasons[r].push(format!(
+                "hybrid CPU: {} performance and {} efficiency {unit_name}(s), shared out separately so every rank gets the same mix",
+                runs_fast[r].len(),
+                runs_slow[r].len()
+            ));
+            v
         })
         .collect()
 }
@@ -189,7 +243,7 @@ fn assign_exclusive(
         return None;
     }
     if gpus.iter().all(Option::is_none) {
-        return Some(contiguous_runs(units.len(), n));
+        return Some(cpu_runs(units, n, unit_name, reasons));
     }
     let mut by_node: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for (i, g) in gpus.iter().enumerate() {
@@ -262,12 +316,17 @@ fn slices(assign: Vec<Vec<usize>>, units: &[Unit], reasons: Vec<Vec<String>>) ->
         .zip(reasons)
         .map(|(idx, reasons)| {
             let core_sets: Vec<CpuSet> = idx.iter().flat_map(|&u| units[u].cores.clone()).collect();
+            let efficiency = idx
+                .iter()
+                .filter(|&&u| units[u].efficient)
+                .fold(CpuSet::new(), |a, &u| a.union(&units[u].cpus));
             Slice {
                 cpus: union(units, idx),
                 bind: true,
                 cores: core_sets.len(),
                 core_sets,
                 sharers: count[idx],
+                efficiency,
                 reasons,
             }
         })

@@ -25,11 +25,30 @@ pub fn size(
     nproc: usize,
     reasons: &mut Vec<String>,
 ) -> Size {
-    let per_core = if req.smt {
-        slice.cpus.len().max(slice.cores)
+    // Hybrid: compute threads on the performance cores only (an OpenMP loop
+    // split evenly waits for its slowest thread); efficiency cores feed workers.
+    let fast: Vec<&CpuSet> = slice
+        .core_sets
+        .iter()
+        .filter(|c| !c.is_subset(&slice.efficiency))
+        .collect();
+    let hybrid = !slice.efficiency.is_empty() && !fast.is_empty() && slice.bind;
+    let (n_cores, n_cpus) = if hybrid {
+        (fast.len(), fast.iter().map(|c| c.len()).sum())
     } else {
-        slice.cores
+        (slice.cores, slice.cpus.len())
     };
+    let per_core = if req.smt {
+        n_cpus.max(n_cores)
+    } else {
+        n_cores
+    };
+    if hybrid && has_gpu {
+        reasons.push(format!(
+            "hybrid CPU: compute threads count only the {} performance core(s)",
+            fast.len()
+        ));
+    }
     // Ranks sharing a node or package split its cores between them.
     let units = (per_core / slice.sharers.max(1)).max(1);
     let budget = topo.cpu_budget / nproc as f64;
@@ -45,6 +64,14 @@ pub fn size(
                 if units - t > MAX_AUTO_WORKERS { format!(" (capped at {MAX_AUTO_WORKERS})") } else { String::new() }
             ));
             (t, w)
+        }
+        Profile::Auto if hybrid => {
+            let slow = slice.core_sets.len() - n_cores;
+            let w = slow.clamp(1, MAX_AUTO_WORKERS);
+            reasons.push(format!(
+                "CPU rank: all {units} performance core(s) compute; {w} DataLoader worker(s) on its {slow} efficiency core(s)"
+            ));
+            (units, w)
         }
         Profile::Auto => {
             let w = (units / 4).clamp(1, 4);
@@ -76,7 +103,9 @@ pub fn size(
     }
     // Workers get the cores after the compute threads' ones, when any are left.
     let spare: Vec<&CpuSet> = slice.core_sets.iter().skip(threads).collect();
-    let worker_cpus = if has_gpu && !spare.is_empty() && slice.bind {
+    let worker_cpus = if hybrid && !has_gpu {
+        slice.efficiency.clone()
+    } else if has_gpu && !spare.is_empty() && slice.bind {
         spare.iter().fold(CpuSet::new(), |a, s| a.union(s))
     } else {
         slice.cpus.clone()

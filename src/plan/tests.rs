@@ -149,6 +149,42 @@ fn omp_bind_only_when_asked() {
     assert_eq!(p.ranks[0].env["OMP_PROC_BIND"], "close");
 }
 
+#[test]
+fn hybrid_cpus_share_each_kind_and_compute_on_performance_cores() {
+    // 6 two-thread performance cores (0-11) and 8 efficiency cores (12-19).
+    let mut t = synthetic::parse("core:14 numbering:compact").unwrap();
+    t.cores = (0..14)
+        .map(|i| crate::topology::Core {
+            id: i,
+            package: 0,
+            cpus: if i < 6 {
+                [2 * i, 2 * i + 1].into_iter().collect()
+            } else {
+                std::iter::once(i + 6).collect()
+            },
+            kind: Some(if i < 6 { "performance" } else { "efficiency" }.into()),
+            capacity: None,
+        })
+        .collect();
+    t.online_cpus = CpuSet::first_n(20);
+    t.numa_nodes[0].cpus = CpuSet::first_n(20);
+    t.l3_groups.clear();
+    t.apply_limits();
+    let p = plan(&t, &req(2), &Facts::default()).unwrap();
+    assert_eq!(p.ranks[0].cpus.to_string(), "0-5,12-15");
+    assert_eq!(p.ranks[1].cpus.to_string(), "6-11,16-19");
+    assert_eq!(p.ranks[0].threads, 3, "performance cores only");
+    assert_eq!(p.ranks[0].workers, 4);
+    assert_eq!(p.ranks[0].worker_cpus.to_string(), "12-15");
+    let p = plan(&t, &req(8), &Facts::default()).unwrap();
+    assert!(
+        p.ranks[0]
+            .reasons
+            .iter()
+            .any(|r| r.contains("efficiency cores only"))
+    );
+}
+
 /// A random machine: description, GPU count.
 fn machine() -> impl Strategy<Value = (String, usize)> {
     (
