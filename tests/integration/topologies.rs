@@ -321,6 +321,17 @@ fn dump_details_beyond_hwloc() {
         topo_json(&["--root", root.to_str().unwrap()])
     };
     let hybrid = extract("20em64t-hybrid-1p6c2t+2ca4co1t");
+    // The plan on that real hybrid machine: the same mix of P- and E-cores each.
+    let root = tmp.path().join("20em64t-hybrid-1p6c2t+2ca4co1t");
+    let out = threadwise()
+        .args(["plan", "-n", "2", "--json", "--root"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["ranks"][0]["cpus"], "0-5,12-15");
+    assert_eq!(plan["ranks"][1]["cpus"], "6-11,16-19");
+    assert_eq!(plan["ranks"][1]["env"]["THREADWISE_WORKER_CPUS"], "16-19");
     let kinds: Vec<&str> = hybrid["cores"]
         .as_array()
         .unwrap()
