@@ -95,7 +95,7 @@ pub enum ProfileArg {
 #[derive(Args, Debug, Clone)]
 pub struct PlanArgs {
     /// Local ranks: a number, gpu (one per GPU) or auto
-    #[arg(short = 'n', long = "nproc-per-node", value_name = "N|gpu|auto", default_value = "auto",
+    #[arg(short = 'n', long = "nproc-per-node", alias = "nproc_per_node", value_name = "N|gpu|auto", default_value = "auto",
           value_parser = parse_nproc)]
     pub nproc: NProc,
     /// GPUs to use, as indices in PCI bus order: 0,1,3 | auto | none
@@ -184,10 +184,10 @@ pub struct RunCmd {
     #[arg(long)]
     pub dry_run: bool,
     /// MASTER_ADDR for the ranks
-    #[arg(long, default_value = "127.0.0.1")]
+    #[arg(long, alias = "master_addr", default_value = "127.0.0.1")]
     pub master_addr: String,
     /// MASTER_PORT for the ranks (default: a free port)
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, alias = "master_port", value_parser = clap::value_parser!(u16).range(1..))]
     pub master_port: Option<u16>,
     /// Seconds between SIGTERM and SIGKILL when stopping ranks
     #[arg(long, default_value_t = 10.0, value_name = "SECS")]
@@ -196,10 +196,15 @@ pub struct RunCmd {
     #[arg(long)]
     pub no_prefix: bool,
     /// Show only these ranks' output on the terminal: 0,3
-    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    #[arg(
+        long,
+        alias = "local_ranks_filter",
+        value_delimiter = ',',
+        value_name = "LIST"
+    )]
     pub local_ranks_filter: Option<Vec<usize>>,
     /// Also write each rank's stdout and stderr to DIR/rank-K.stdout|stderr
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, alias = "log_dir", value_name = "DIR")]
     pub log_dir: Option<PathBuf>,
     /// Start ranks unbound when the kernel refuses the binding
     #[arg(long)]
@@ -208,19 +213,19 @@ pub struct RunCmd {
     #[arg(long, short = 'q')]
     pub quiet: bool,
     /// This node's rank in a multi-node job (passed to torchrun)
-    #[arg(long)]
+    #[arg(long, alias = "node_rank")]
     pub node_rank: Option<u32>,
     /// Rendezvous endpoint HOST:PORT (multi-node: the job goes to torchrun's agent)
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, alias = "rdzv_endpoint", value_name = "HOST:PORT")]
     pub rdzv_endpoint: Option<String>,
     /// Rendezvous id shared by every node of the job
-    #[arg(long)]
+    #[arg(long, alias = "rdzv_id")]
     pub rdzv_id: Option<String>,
     /// Rendezvous backend
-    #[arg(long, default_value = "c10d")]
+    #[arg(long, alias = "rdzv_backend", default_value = "c10d")]
     pub rdzv_backend: String,
     /// Restarts torchrun's agent may make (multi-node)
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, alias = "max_restarts", default_value_t = 0)]
     pub max_restarts: u32,
     /// torchrun to use for multi-node jobs (default: torchrun on PATH)
     #[arg(long, value_name = "PATH")]

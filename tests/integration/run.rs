@@ -410,6 +410,30 @@ fn ranks_die_with_a_sigkilled_threadwise() {
 }
 
 #[test]
+fn torchrun_spellings_are_accepted() {
+    let out = Command::new(bin())
+        .args([
+            "run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "29777",
+            "--master_addr",
+            "127.0.0.2",
+            "--dry-run",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert_eq!(s.matches("  MASTER_PORT=29777").count(), 2, "{s}");
+    assert_eq!(s.matches("  MASTER_ADDR=127.0.0.2").count(), 2, "{s}");
+    assert!(s.contains("rank 1: cpus"), "{s}");
+}
+
+#[test]
 fn clear_errors_and_nothing_started() {
     let (out, _) = run(&["-n", "2", "--", "no-such-program-xyz"]);
     assert_eq!(out.status.code(), Some(2));
