@@ -168,14 +168,6 @@ impl Topology {
         };
     }
 
-    /// The NUMA node a CPU belongs to: the first node (by id) that lists it.
-    pub fn node_of_cpu(&self, cpu: usize) -> Option<usize> {
-        self.numa_nodes
-            .iter()
-            .find(|n| n.cpus.contains(cpu))
-            .map(|n| n.id)
-    }
-
     /// The NUMA node whose CPUs hold most of `cpus`.
     pub fn node_of_set(&self, cpus: &CpuSet) -> Option<usize> {
         self.numa_nodes
