@@ -17,11 +17,27 @@ fn num(v: f64) -> String {
     }
 }
 
-fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+pub(crate) fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
     v.map_or_else(|| "n/a".to_string(), f)
 }
 
-fn mark(r: &TuneReport, c: &ConfigResult) -> &'static str {
+/// Speed-up, CPU %, GPU %, GPU memory (with `mem_unit`) and context switches:
+/// the cells the table and the Markdown export share.
+pub(crate) fn metric_cells(c: &ConfigResult, mem_unit: &str) -> [String; 5] {
+    [
+        opt(c.speedup, |v| format!("{v:.2}x")),
+        opt(c.cpu_util_pct, |v| format!("{v:.0}")),
+        opt(c.gpu_util_pct, |v| format!("{v:.0}")),
+        opt(c.gpu_mem_mib, |v| format!("{v:.0}{mem_unit}")),
+        match (c.voluntary_cs_per_s, c.involuntary_cs_per_s) {
+            (Some(a), Some(b)) => format!("{a:.0}/{b:.0}"),
+            _ => "n/a".into(),
+        },
+    ]
+}
+
+/// "winner", "not distinguishable" (from the winner) or nothing.
+pub(crate) fn mark(r: &TuneReport, c: &ConfigResult) -> &'static str {
     if r.winner.as_deref() == Some(c.name.as_str()) {
         "winner"
     } else if c.indistinguishable_from_winner {
@@ -48,20 +64,13 @@ fn row(r: &TuneReport, c: &ConfigResult) -> Vec<String> {
     } else {
         c.name.clone()
     };
-    vec![
-        name,
-        thr,
-        opt(c.speedup, |v| format!("{v:.2}x")),
-        opt(c.cpu_util_pct, |v| format!("{v:.0}")),
-        opt(c.gpu_util_pct, |v| format!("{v:.0}")),
-        opt(c.gpu_mem_mib, |v| format!("{v:.0} MiB")),
-        match (c.voluntary_cs_per_s, c.involuntary_cs_per_s) {
-            (Some(a), Some(b)) => format!("{a:.0}/{b:.0}"),
-            _ => "n/a".into(),
-        },
+    let mut cells = vec![name, thr];
+    cells.extend(metric_cells(c, " MiB"));
+    cells.extend([
         opt(c.peak_rss_mib, |v| format!("{v:.0}")),
         mark(r, c).to_string(),
-    ]
+    ]);
+    cells
 }
 
 /// Dropped configurations, failed trials with their stderr, warnings, the winner.
