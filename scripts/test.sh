@@ -17,10 +17,10 @@ if ((${#need[@]})); then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-# A real one-node Slurm for the srun tests (the shared script installs and starts it).
+# A real one-node Slurm for the srun tests (installs and starts it).
 if ! command -v srun >/dev/null || ! pgrep -x slurmctld >/dev/null || ! pgrep -x slurmd >/dev/null; then
   command -v srun >/dev/null || apt-get update -qq
-  bash ../shared/scripts/slurm-single-node.sh >/dev/null
+  bash scripts/slurm-single-node.sh >/dev/null
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 

@@ -11,10 +11,11 @@ mod tune;
 
 use std::path::PathBuf;
 
-/// `../shared/topologies` relative to the project root.
-pub fn shared(rel: &str) -> PathBuf {
+/// The vendored machine dumps and exports (`tests/data/topologies`, hwloc's
+/// test data; see its README).
+pub fn topologies(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/topologies")
+        .join("tests/data/topologies")
         .join(rel)
 }
 

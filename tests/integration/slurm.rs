@@ -1,4 +1,4 @@
-//! A real one-node Slurm (../shared/scripts/slurm-single-node.sh, started by the
+//! A real one-node Slurm (scripts/slurm-single-node.sh, started by the
 //! test command): under `srun -n 2` each task arrives already bound to its own
 //! CPU by task/affinity; `threadwise bind` must still compute the one node plan
 //! every sibling computes and give each task its planned CPUs.

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::{shared, threadwise};
+use super::{threadwise, topologies};
 
 /// (machine, field, why we differ from hwloc on purpose).
 const KEPT: &[(&str, &str, &str)] = &[
@@ -37,18 +37,6 @@ const KEPT: &[(&str, &str, &str)] = &[
         "CPU-less nodes (HMAT memory targets, generic-initiator node 4): hwloc lends them \
          their initiators' CPUs; we keep them CPU-less so no CPU counts in two nodes; \
          their nearness is in the distance matrix",
-    ),
-    (
-        "fakememinitiators-1np2c+1npp+gi",
-        "numa_distances.truncated",
-        "expected.json lists only ids 0-9 and fills its 10x10 matrix with the first 100 \
-         values of the 11x11 one; we read all 11 rows (checked against that prefix)",
-    ),
-    (
-        "192em64t-24n8c2t",
-        "numa_distances.truncated",
-        "expected.json keeps 10 of 24 ids, filled row-major from the 24x24 matrix; we keep \
-         all 24 (checked against that prefix)",
     ),
     (
         "nvidiagpunumanodes",
@@ -195,20 +183,7 @@ fn compare(machine: &str, got: &Value, exp: &Value) -> Vec<String> {
     }
 
     let (gd, ed) = (&got["numa_distances"], &exp["numa_distances"]);
-    if kept(machine, "numa_distances.truncated") {
-        // Expected = our full matrix, row-major, cut to its first k*k values.
-        let k = ed["ids"].as_array().unwrap().len();
-        let flat = |m: &Value| -> Vec<u64> {
-            m.as_array()
-                .unwrap()
-                .iter()
-                .flat_map(|r| r.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()))
-                .collect()
-        };
-        let (ours, theirs) = (flat(&gd["matrix"]), flat(&ed["matrix"]));
-        let prefix_matches = ours.len() > k * k && ours[..k * k] == theirs[..];
-        check("numa_distances.truncated", !prefix_matches);
-    } else if kept(machine, "numa_nodes.gpu_memory") {
+    if kept(machine, "numa_nodes.gpu_memory") {
         let ours = distance_map(gd).unwrap_or_default();
         let theirs = distance_map(ed).unwrap_or_default();
         let sub: BTreeMap<_, _> = ours
@@ -222,13 +197,13 @@ fn compare(machine: &str, got: &Value, exp: &Value) -> Vec<String> {
     bad
 }
 
-/// Unpack a dump from ../shared/topologies/linux into `dir/NAME`.
+/// Unpack a dump from tests/data/topologies/linux into `dir/NAME`.
 fn extract(dir: &Path, name: &str) -> std::path::PathBuf {
     let root = dir.join(name);
     std::fs::create_dir_all(&root).unwrap();
     let status = std::process::Command::new("tar")
         .arg("xzf")
-        .arg(shared(&format!("linux/{name}.tar.gz")))
+        .arg(topologies(&format!("linux/{name}.tar.gz")))
         .arg("-C")
         .arg(&root)
         .status()
@@ -257,8 +232,8 @@ fn expected(path: &Path) -> Value {
 }
 
 fn machines(dir: &str, ext: &str) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(shared(dir))
-        .expect("../shared/topologies is beside the project")
+    let mut v: Vec<String> = std::fs::read_dir(topologies(dir))
+        .expect("tests/data/topologies is in the repository")
         .filter_map(|e| {
             let n = e.ok()?.file_name().into_string().ok()?;
             n.strip_suffix(ext).map(str::to_string)
@@ -283,7 +258,7 @@ fn every_linux_dump_matches_hwloc() {
             .assert()
             .success();
         let got = topo_json(&["--root", root.to_str().unwrap()]);
-        let exp = expected(&shared(&format!("linux/{name}.expected.json")));
+        let exp = expected(&topologies(&format!("linux/{name}.expected.json")));
         for d in compare(name, &got, &exp) {
             failures.push(format!("{name}: {d}"));
         }
@@ -298,10 +273,10 @@ fn every_xml_export_matches_hwloc() {
     let mut failures = vec![];
     let mut gpus_seen = 0;
     for name in &names {
-        let file = shared(&format!("xml/{name}.xml"));
+        let file = topologies(&format!("xml/{name}.xml"));
         let got = topo_json(&["--topology", file.to_str().unwrap()]);
         gpus_seen += got["gpus"].as_array().unwrap().len();
-        let exp = expected(&shared(&format!("xml/{name}.expected.json")));
+        let exp = expected(&topologies(&format!("xml/{name}.expected.json")));
         for d in compare(name, &got, &exp) {
             failures.push(format!("{name}: {d}"));
         }
