@@ -4,9 +4,11 @@
 pub mod cli;
 pub mod cpuset;
 pub mod export;
+pub mod files;
 pub mod host;
 pub mod launch;
 pub mod measure;
+mod names;
 pub mod os;
 pub mod plan;
 pub mod topology;

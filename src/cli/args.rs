@@ -4,10 +4,14 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use clap::builder::TypedValueParser;
+use std::time::Duration;
+
+use clap::builder::{PossibleValue, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::plan::{Amount, GpuSelect, NProc};
+use crate::export::PlanFormat;
+use crate::plan::{AllocatorChoice, Amount, GpuSelect, MemPolicy, NProc, Policy, Profile};
+use crate::tune::Strategy;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -33,6 +37,13 @@ pub enum Command {
     Bind(BindCmd),
     /// Measure configurations on your training command (or the built-in workload)
     Tune(TuneCmd),
+    /// Print a shell completion script: threadwise completions bash > /etc/bash_completion.d/threadwise
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff): threadwise man | man -l -
+    Man,
 }
 
 /// Where the topology comes from (default: this machine).
@@ -58,38 +69,28 @@ pub struct TopoArgs {
     pub json: bool,
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PolicyArg {
-    Exclusive,
-    Node,
-    Socket,
-    L3,
-    Single,
-    None,
+/// The library's named enums as clap values: the names come from the enums
+/// themselves (`named_enum!`), so the CLI and the library cannot disagree.
+macro_rules! value_enum {
+    ($($t:ty),*) => {$(
+        impl ValueEnum for $t {
+            fn value_variants<'a>() -> &'a [Self] {
+                <$t>::ALL
+            }
+            fn to_possible_value(&self) -> Option<PossibleValue> {
+                Some(PossibleValue::new(self.name()))
+            }
+        }
+    )*};
 }
-
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MemArg {
-    Local,
-    Preferred,
-    Bind,
-    Interleave,
-    None,
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AllocatorArg {
-    None,
-    Jemalloc,
-    Tcmalloc,
-    Auto,
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProfileArg {
-    Auto,
-    Seed,
-}
+value_enum!(
+    Policy,
+    MemPolicy,
+    AllocatorChoice,
+    Profile,
+    PlanFormat,
+    Strategy
+);
 
 /// The options every command that plans shares (plan, run, bind, tune).
 #[derive(Args, Debug, Clone)]
@@ -102,8 +103,8 @@ pub struct PlanArgs {
     #[arg(long, value_name = "LIST|auto|none", default_value = "auto", value_parser = parse_gpus)]
     pub gpus: GpuSelect,
     /// How ranks share the CPUs
-    #[arg(long, value_enum, default_value_t = PolicyArg::Exclusive)]
-    pub policy: PolicyArg,
+    #[arg(long, value_enum, default_value_t = Policy::Exclusive)]
+    pub policy: Policy,
     /// Count SMT siblings as compute CPUs
     #[arg(long)]
     pub smt: bool,
@@ -114,14 +115,14 @@ pub struct PlanArgs {
     #[arg(long, value_name = "N|auto", default_value = "auto", value_parser = parse_amount)]
     pub workers: Amount,
     /// NUMA memory policy per rank
-    #[arg(long, value_enum, default_value_t = MemArg::Local)]
-    pub mem: MemArg,
+    #[arg(long, value_enum, default_value_t = MemPolicy::Local)]
+    pub mem: MemPolicy,
     /// Preload an allocator (auto: tcmalloc, else jemalloc, when installed)
-    #[arg(long, value_enum, default_value_t = AllocatorArg::None)]
-    pub allocator: AllocatorArg,
+    #[arg(long, value_enum, default_value_t = AllocatorChoice::None)]
+    pub allocator: AllocatorChoice,
     /// auto: threadwise's rules; seed: the guides' formulas, with what they get wrong
-    #[arg(long, value_enum, default_value_t = ProfileArg::Auto)]
-    pub profile: ProfileArg,
+    #[arg(long, value_enum, default_value_t = Profile::Auto)]
+    pub profile: Profile,
     /// Mixed precision (the seed profile caps threads at 2)
     #[arg(long)]
     pub amp: bool,
@@ -143,9 +144,8 @@ pub struct PlanCmd {
     #[command(flatten)]
     pub plan: PlanArgs,
     /// Output form
-    #[arg(long, default_value = "table",
-          value_parser = clap::builder::PossibleValuesParser::new(crate::export::FORMATS))]
-    pub format: String,
+    #[arg(long, value_enum, default_value_t = PlanFormat::Table)]
+    pub format: PlanFormat,
     /// Same as --format json
     #[arg(long, conflicts_with = "format")]
     pub json: bool,
@@ -161,16 +161,52 @@ pub struct PlanCmd {
 }
 
 fn parse_nproc(s: &str) -> Result<NProc, String> {
-    s.parse()
+    match s.parse()? {
+        NProc::Count(0) => Err("0 ranks: give at least 1, gpu or auto".into()),
+        NProc::Count(n) if n > MAX_RANKS => Err(format!(
+            "{n} ranks: at most {MAX_RANKS} local ranks (one node's CPUs)"
+        )),
+        n => Ok(n),
+    }
+}
+
+/// More local ranks than this is no node: threadwise reads at most 65536 CPUs.
+pub const MAX_RANKS: usize = 65536;
+
+/// Seconds as a `Duration`, from 0 (or `min`) to `max` seconds.
+fn secs(s: &str, min: f64, max: f64) -> Result<Duration, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a number of seconds"))?;
+    if !(v >= min && v <= max) {
+        return Err(format!("{s}: give seconds from {min} to {max}"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+fn parse_grace(s: &str) -> Result<Duration, String> {
+    secs(s, 0.0, 3600.0)
+}
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    secs(s, 0.001, 7.0 * 86400.0)
+}
+fn parse_work_seconds(s: &str) -> Result<Duration, String> {
+    secs(s, 0.01, 3600.0)
 }
 fn parse_gpus(s: &str) -> Result<GpuSelect, String> {
+    if s.trim().is_empty() {
+        return Err("an empty list: give GPU indices like 0,1, or none, or auto".into());
+    }
     s.parse()
 }
 fn parse_amount(s: &str) -> Result<Amount, String> {
-    s.parse()
+    match s.parse()? {
+        Amount::Fixed(n) if n > MAX_RANKS => Err(format!("{n}: at most {MAX_RANKS}")),
+        a => Ok(a),
+    }
 }
 fn parse_threads(s: &str) -> Result<Amount, String> {
-    match s.parse()? {
+    match parse_amount(s)? {
         Amount::Fixed(0) => Err("0 threads: give at least 1, or auto".into()),
         a => Ok(a),
     }
@@ -190,8 +226,8 @@ pub struct RunCmd {
     #[arg(long, alias = "master_port", value_parser = clap::value_parser!(u16).range(1..))]
     pub master_port: Option<u16>,
     /// Seconds between SIGTERM and SIGKILL when stopping ranks
-    #[arg(long, default_value_t = 10.0, value_name = "SECS")]
-    pub grace: f64,
+    #[arg(long, default_value = "10", value_name = "SECS", value_parser = parse_grace)]
+    pub grace: Duration,
     /// Do not prefix output lines with [rank K]
     #[arg(long)]
     pub no_prefix: bool,
@@ -253,26 +289,20 @@ pub struct BindCmd {
     pub command: Vec<OsString>,
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StrategyArg {
-    /// Every configuration in every round
-    All,
-    /// After each round, drop configurations clearly worse than the best
-    Halving,
-}
-
 #[derive(Args, Debug)]
 pub struct TuneCmd {
     #[command(flatten)]
     pub plan: PlanArgs,
     /// Measured runs per configuration
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000).map(|v| v as usize))]
     pub runs: usize,
     /// Unmeasured runs per configuration first
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000).map(|v| v as usize))]
     pub warmup: usize,
-    #[arg(long, value_enum, default_value_t = StrategyArg::All)]
-    pub strategy: StrategyArg,
+    /// all: every configuration every round; halving: from the second round on,
+    /// drop configurations whose best trial is below the best one's worst
+    #[arg(long, value_enum, default_value_t = Strategy::All)]
+    pub strategy: Strategy,
     /// A grid instead of the default rows: threads=1,2,4 policy=none,exclusive workers=2,4 allocator=none,jemalloc
     #[arg(long, value_name = "KEY=V1,V2 ...", num_args = 1..)]
     pub grid: Vec<String>,
@@ -283,13 +313,15 @@ pub struct TuneCmd {
     #[arg(long, value_name = "REGEX")]
     pub metric: Option<String>,
     /// Seconds one trial may take before it is stopped
-    #[arg(long, default_value_t = 600.0, value_name = "SECS")]
-    pub timeout: f64,
+    #[arg(long, default_value = "600", value_name = "SECS", value_parser = parse_timeout)]
+    pub timeout: Duration,
     /// Write the report as JSON (threadwise.tune/1), rewritten after every trial
     #[arg(long, value_name = "FILE")]
     pub export_json: Option<PathBuf>,
+    /// Write one CSV row per trial, rewritten after every trial
     #[arg(long, value_name = "FILE")]
     pub export_csv: Option<PathBuf>,
+    /// Write the table as Markdown, rewritten after every trial
     #[arg(long, value_name = "FILE")]
     pub export_markdown: Option<PathBuf>,
     /// Bar chart of throughput with min-max whiskers
@@ -299,8 +331,8 @@ pub struct TuneCmd {
     #[arg(long, value_name = "FILE")]
     pub save_plan: Option<PathBuf>,
     /// Built-in workload: seconds measured per trial
-    #[arg(long, default_value_t = 1.5, value_name = "SECS")]
-    pub work_seconds: f64,
+    #[arg(long, default_value = "1.5", value_name = "SECS", value_parser = parse_work_seconds)]
+    pub work_seconds: Duration,
     /// Built-in workload: layer width
     #[arg(long, default_value_t = 192, value_parser = clap::value_parser!(u64).range(1..=8192).map(|v| v as usize))]
     pub work_size: usize,
@@ -308,10 +340,10 @@ pub struct TuneCmd {
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=4096).map(|v| v as usize))]
     pub work_batch: usize,
     /// Built-in workload: parallel regions (layers) per step
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=256).map(|v| v as usize))]
     pub work_layers: usize,
     /// Built-in workload: per-element work of a data-loader thread per rank (0: none)
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000).map(|v| v as usize))]
     pub work_loader: usize,
     /// Your training command (default: the built-in workload)
     #[arg(last = true, value_name = "CMD")]

@@ -4,25 +4,24 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
-use std::time::Duration;
 
 use super::args::{BindCmd, RunCmd};
-use super::topo::{load, request};
-use super::{Failure, SourceArgs};
-use crate::export::{quote, quote_all, request_args};
-use crate::launch::env::{Job, free_port, overridden, run_id};
+use super::topo::{facts, load, request};
+use super::{Exit, Failure, SourceArgs};
+use crate::export::{bind_args, quote, quote_all};
+use crate::launch::env::overridden;
 use crate::launch::output::OutputOptions;
 use crate::launch::supervise::{self, RunOptions};
 use crate::launch::{
-    LaunchError, RankLaunch, bind, detect, plan_launches, preflight, rank_launch, resolve,
+    LaunchError, RankLaunch, bind, check_placements, detect, node_launches, rank_launch, resolve,
 };
-use crate::plan::{self, AllocatorChoice, Facts, NProc, Plan, PlanRequest};
+use crate::plan::{self, NProc, Plan};
 use crate::topology::Topology;
 
 impl From<LaunchError> for Failure {
     fn from(e: LaunchError) -> Self {
         let code = match e {
-            LaunchError::Placement { .. } | LaunchError::LogDir { .. } => 3,
+            LaunchError::Placement { .. } | LaunchError::LogDir { .. } | LaunchError::Port(_) => 3,
             _ => 2,
         };
         Failure {
@@ -30,16 +29,6 @@ impl From<LaunchError> for Failure {
             hint: Some(e.hint().to_string()),
             code,
         }
-    }
-}
-
-fn facts(req: &PlanRequest) -> Facts {
-    Facts {
-        allocators: if req.allocator == AllocatorChoice::None {
-            vec![]
-        } else {
-            plan::find_allocators()
-        },
     }
 }
 
@@ -152,27 +141,17 @@ fn live_topology() -> Result<Topology, Failure> {
 /// Try every rank's binding before anything starts; on refusal, stop, or (with
 /// --allow-unbound) say so and run every rank unbound.
 fn check_bindings(launches: &mut [RankLaunch], allow_unbound: bool) -> Result<(), Failure> {
-    let placements: Vec<_> = launches.iter().map(|l| l.placement.clone()).collect();
-    let Some((i, what, source)) = preflight(&placements) else {
-        return Ok(());
-    };
-    let l = &launches[i];
-    if !allow_unbound {
-        let (cpus, mem) = (l.cpus.clone(), l.mem.clone());
-        return Err(LaunchError::Placement {
-            rank: l.local_rank,
-            what,
-            cpus,
-            mem,
-            source,
+    match check_placements(launches) {
+        Ok(()) => Ok(()),
+        Err(e) if allow_unbound => {
+            eprintln!("threadwise: warning: ranks run unbound ({e})");
+            for l in launches {
+                l.placement = Default::default();
+            }
+            Ok(())
         }
-        .into());
+        Err(e) => Err(e.into()),
     }
-    eprintln!("threadwise: warning: ranks run unbound (rank {i}: {what} refused: {source})");
-    for l in launches {
-        l.placement = Default::default();
-    }
-    Ok(())
 }
 
 fn check_run_args(a: &RunCmd, nproc: usize) -> Result<(), Failure> {
@@ -191,7 +170,7 @@ fn check_run_args(a: &RunCmd, nproc: usize) -> Result<(), Failure> {
 }
 
 /// What the user sees at the end, and our exit code.
-fn finish_run(a: &RunCmd, outcome: &supervise::Outcome) -> Result<(), Failure> {
+fn finish_run(a: &RunCmd, outcome: &supervise::Outcome) -> Result<Exit, Failure> {
     if !a.quiet {
         eprint!("{}", supervise::summary(outcome));
     }
@@ -203,27 +182,14 @@ fn finish_run(a: &RunCmd, outcome: &supervise::Outcome) -> Result<(), Failure> {
     if let Some(dir) = &a.log_dir {
         eprintln!("threadwise: logs in {}", dir.display());
     }
-    match outcome.code() {
-        0 => Ok(()),
-        code => Err(Failure {
-            message: String::new(),
-            hint: None,
-            code,
-        }),
-    }
+    Ok(Exit(outcome.code()))
 }
 
-pub fn run(a: RunCmd) -> Result<(), Failure> {
+pub fn run(a: RunCmd) -> Result<Exit, Failure> {
     let Some(program) = a.command.first() else {
         return Err(LaunchError::NoCommand.into());
     };
     let program = resolve(program)?;
-    if a.grace < 0.0 || !a.grace.is_finite() {
-        return Err(Failure::usage(
-            format!("--grace {}: must be a number of seconds >= 0", a.grace),
-            "e.g. --grace 10",
-        ));
-    }
     let req = request(&a.plan);
     let t = live_topology()?;
     let p = match &a.plan_file {
@@ -234,22 +200,7 @@ pub fn run(a: RunCmd) -> Result<(), Failure> {
         return multi_node(&a, &p);
     }
     check_run_args(&a, p.nproc)?;
-    let port = match a.master_port {
-        Some(p) => p,
-        None => free_port().map_err(|e| {
-            Failure::env(
-                format!("cannot find a free port: {e}"),
-                "give --master-port",
-            )
-        })?,
-    };
-    let job = Job {
-        nproc: p.nproc,
-        master_addr: a.master_addr.clone(),
-        master_port: port,
-        run_id: run_id(),
-    };
-    let mut launches: Vec<RankLaunch> = plan_launches(&p, &a.command, &job);
+    let mut launches = node_launches(&p, &a.command, &a.master_addr, a.master_port)?;
     if a.dry_run {
         return super::emit(&dry_run(&p, &launches));
     }
@@ -261,7 +212,7 @@ pub fn run(a: RunCmd) -> Result<(), Failure> {
         l.program = Some(program.clone());
     }
     let opts = RunOptions {
-        grace: Duration::from_secs_f64(a.grace),
+        grace: a.grace,
         output: OutputOptions {
             prefix: !a.no_prefix,
             show: a.local_ranks_filter.clone(),
@@ -275,7 +226,7 @@ pub fn run(a: RunCmd) -> Result<(), Failure> {
 }
 
 /// Hand the job to torchrun's elastic agent; each rank runs `threadwise bind`.
-fn multi_node(a: &RunCmd, p: &Plan) -> Result<(), Failure> {
+fn multi_node(a: &RunCmd, p: &Plan) -> Result<Exit, Failure> {
     let torchrun = a.torchrun.clone().unwrap_or_else(|| "torchrun".into());
     let torchrun_path = resolve(&torchrun).map_err(|_| {
         Failure::env(
@@ -319,10 +270,7 @@ fn multi_node(a: &RunCmd, p: &Plan) -> Result<(), Failure> {
         args.extend(["--node-rank".into(), r.to_string().into()]);
     }
     args.extend(["--no-python".into(), me.into_os_string(), "bind".into()]);
-    let mut req_args = request_args(&p.request);
-    if !req_args.iter().any(|x| x == "--nproc-per-node") {
-        req_args.splice(0..0, ["--nproc-per-node".to_string(), p.nproc.to_string()]);
-    }
+    let mut req_args = bind_args(p);
     if a.allow_unbound {
         req_args.push("--allow-unbound".into());
     }
@@ -344,7 +292,7 @@ fn multi_node(a: &RunCmd, p: &Plan) -> Result<(), Failure> {
     ))
 }
 
-pub fn bind_cmd(a: BindCmd) -> Result<(), Failure> {
+pub fn bind_cmd(a: BindCmd) -> Result<Exit, Failure> {
     if a.command.is_empty() {
         return Err(LaunchError::NoCommand.into());
     }

@@ -12,6 +12,16 @@ use clap::Parser;
 
 pub use args::{Cli, Command, PlanArgs, SourceArgs};
 
+/// How a command that did its job ends: 0, or the code to pass on (the first
+/// failing rank's, 128+N for a signal, 130 for an interrupted tune), already
+/// explained on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit(pub i32);
+
+impl Exit {
+    pub const OK: Exit = Exit(0);
+}
+
 /// A failure to report: message, what to do, and the exit code (2 usage, 3 environment).
 #[derive(Debug)]
 pub struct Failure {
@@ -43,16 +53,41 @@ impl From<crate::plan::PlanError> for Failure {
     }
 }
 
+impl From<crate::files::FileError> for Failure {
+    fn from(e: crate::files::FileError) -> Self {
+        Failure::env(e.to_string(), e.hint())
+    }
+}
+
 /// Write to stdout; a closed pipe (`| head`) is not an error.
-pub fn emit(text: &str) -> Result<(), Failure> {
+pub fn emit(text: &str) -> Result<Exit, Failure> {
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Failure::env(
             format!("cannot write output: {e}"),
             "check where stdout goes",
         )),
-        _ => Ok(()),
+        _ => Ok(Exit::OK),
     }
+}
+
+/// `threadwise completions SHELL` and `threadwise man`, from the clap definitions.
+fn generated(command: &Command) -> Result<Exit, Failure> {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let mut out = Vec::new();
+    match command {
+        Command::Completions { shell } => {
+            clap_complete::generate(*shell, &mut cmd, "threadwise", &mut out);
+        }
+        _ => clap_mangen::Man::new(cmd).render(&mut out).map_err(|e| {
+            Failure::env(
+                format!("cannot render the man page: {e}"),
+                "report this bug",
+            )
+        })?,
+    }
+    emit(&String::from_utf8_lossy(&out))
 }
 
 /// Parse the arguments, run, and return the process exit code.
@@ -71,14 +106,11 @@ pub fn main() -> i32 {
         Command::Run(a) => launch::run(a),
         Command::Bind(a) => launch::bind_cmd(a),
         Command::Tune(a) => tune::tune_cmd(a),
+        c @ (Command::Completions { .. } | Command::Man) => generated(&c),
     };
     match result {
-        Ok(()) => 0,
+        Ok(Exit(code)) => code,
         Err(f) => {
-            // An empty message: the ranks' own exit code, already reported.
-            if f.message.is_empty() {
-                return f.code;
-            }
             eprintln!("error: {}", f.message);
             if let Some(h) = f.hint {
                 eprintln!("hint: {h}");

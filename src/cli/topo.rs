@@ -1,9 +1,9 @@
 //! `threadwise topo` and `threadwise plan`: read the topology, plan, print.
 
-use super::args::{AllocatorArg, MemArg, PlanCmd, PolicyArg, ProfileArg, TopoArgs};
-use super::{Failure, PlanArgs, SourceArgs, emit};
-use crate::export::{self, Context};
-use crate::plan::{self, AllocatorChoice, Facts, MemPolicy, PlanRequest, Policy, Profile};
+use super::args::{PlanCmd, TopoArgs};
+use super::{Exit, Failure, PlanArgs, SourceArgs, emit};
+use crate::export::{Context, PlanFormat};
+use crate::plan::{self, AllocatorChoice, Facts, PlanRequest};
 use crate::topology::{Topology, TopologyError, hwloc_xml, render, synthetic, sysfs};
 
 fn topology_failure(e: TopologyError) -> Failure {
@@ -43,7 +43,7 @@ pub fn load(source: &SourceArgs) -> Result<Topology, Failure> {
     Ok(t)
 }
 
-pub fn topo(a: TopoArgs) -> Result<(), Failure> {
+pub fn topo(a: TopoArgs) -> Result<Exit, Failure> {
     let t = load(&a.source)?;
     if a.json {
         let text = serde_json::to_string_pretty(&t)
@@ -59,38 +59,29 @@ pub fn request(a: &PlanArgs) -> PlanRequest {
     PlanRequest {
         nproc: a.nproc,
         gpus: a.gpus.clone(),
-        policy: match a.policy {
-            PolicyArg::Exclusive => Policy::Exclusive,
-            PolicyArg::Node => Policy::Node,
-            PolicyArg::Socket => Policy::Socket,
-            PolicyArg::L3 => Policy::L3,
-            PolicyArg::Single => Policy::Single,
-            PolicyArg::None => Policy::None,
-        },
+        policy: a.policy,
         smt: a.smt,
         threads: a.threads,
         workers: a.workers,
-        mem: match a.mem {
-            MemArg::Local => MemPolicy::Local,
-            MemArg::Preferred => MemPolicy::Preferred,
-            MemArg::Bind => MemPolicy::Bind,
-            MemArg::Interleave => MemPolicy::Interleave,
-            MemArg::None => MemPolicy::None,
-        },
-        allocator: match a.allocator {
-            AllocatorArg::None => AllocatorChoice::None,
-            AllocatorArg::Jemalloc => AllocatorChoice::Jemalloc,
-            AllocatorArg::Tcmalloc => AllocatorChoice::Tcmalloc,
-            AllocatorArg::Auto => AllocatorChoice::Auto,
-        },
-        profile: match a.profile {
-            ProfileArg::Auto => Profile::Auto,
-            ProfileArg::Seed => Profile::Seed,
-        },
+        mem: a.mem,
+        allocator: a.allocator,
+        profile: a.profile,
         amp: a.amp,
         nnodes: a.nnodes as usize,
         oversubscribe: a.oversubscribe,
         omp_bind: a.omp_bind,
+    }
+}
+
+/// What the planner may use besides the topology: the allocator libraries on
+/// this machine, looked up only when the request asks for one.
+pub fn facts(req: &PlanRequest) -> Facts {
+    Facts {
+        allocators: if req.allocator == AllocatorChoice::None {
+            vec![]
+        } else {
+            plan::find_allocators()
+        },
     }
 }
 
@@ -102,27 +93,19 @@ pub fn program_name() -> String {
         .unwrap_or_else(|| "threadwise".to_string())
 }
 
-pub fn plan(a: PlanCmd) -> Result<(), Failure> {
+pub fn plan(a: PlanCmd) -> Result<Exit, Failure> {
     let t = load(&a.source)?;
     let req = request(&a.plan);
-    let facts = Facts {
-        allocators: if req.allocator == AllocatorChoice::None {
-            vec![]
-        } else {
-            plan::find_allocators()
-        },
-    };
-    let p = plan::plan(&t, &req, &facts)?;
-    let format = if a.json { "json" } else { a.format.as_str() };
-    let exporter = export::exporter(format)
-        .ok_or_else(|| Failure::usage(format!("unknown format {format}"), "see --help"))?;
+    let p = plan::plan(&t, &req, &facts(&req))?;
+    let format = if a.json { PlanFormat::Json } else { a.format };
     let ctx = Context {
         command: a.command,
         local_rank: a.local_rank,
         explain: a.explain,
         program: program_name(),
     };
-    let text = exporter
+    let text = format
+        .exporter()
         .render(&p, &ctx)
         .map_err(|e| Failure::usage(e.to_string(), "see threadwise plan --help"))?;
     emit(&text)

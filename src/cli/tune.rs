@@ -8,16 +8,17 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::args::{StrategyArg, TuneCmd};
+use super::args::TuneCmd;
 use super::topo::{load, request};
-use super::{Failure, SourceArgs, emit};
+use super::{Exit, Failure, SourceArgs, emit};
+use crate::files::write_output;
 use crate::measure::gpu::GpuSampler;
 use crate::plan::{self, Facts, Plan};
-use crate::tune::export::{self, ReportExporter};
+use crate::tune::export::ReportFormat;
 use crate::tune::grid::{self, TuneConfig};
 use crate::tune::metric::Metric;
 use crate::tune::runner::Runner;
-use crate::tune::{Event, Strategy, TuneOptions, TuneReport, new_report, tune};
+use crate::tune::{Event, TuneOptions, TuneReport, new_report, tune};
 
 /// The built-in workload, beside this binary.
 fn workload_binary() -> Result<PathBuf, Failure> {
@@ -60,26 +61,29 @@ fn configs(
     grid::dedupe(v).map_err(bad)
 }
 
-fn exports(a: &TuneCmd) -> Vec<(Box<dyn ReportExporter>, PathBuf)> {
-    [
-        ("json", &a.export_json),
-        ("csv", &a.export_csv),
-        ("markdown", &a.export_markdown),
-        ("svg", &a.export_svg),
-    ]
-    .into_iter()
-    .filter_map(|(f, p)| Some((export::exporter(f)?, p.clone()?)))
-    .collect()
+/// The report files asked for, each with its format.
+fn exports(a: &TuneCmd) -> Vec<(ReportFormat, PathBuf)> {
+    ReportFormat::ALL
+        .into_iter()
+        .filter_map(|f| {
+            let path = match f {
+                ReportFormat::Json => &a.export_json,
+                ReportFormat::Csv => &a.export_csv,
+                ReportFormat::Markdown => &a.export_markdown,
+                ReportFormat::Svg => &a.export_svg,
+            };
+            Some((f, path.clone()?))
+        })
+        .collect()
 }
 
-fn write_all(files: &[(Box<dyn ReportExporter>, PathBuf)], r: &TuneReport) -> Result<(), Failure> {
-    for (e, p) in files {
-        export::write(p, &e.render(r)).map_err(|err| {
-            Failure::env(
-                format!("cannot write {}: {err}", p.display()),
-                "check the export path",
-            )
-        })?;
+fn write_all(files: &[(ReportFormat, PathBuf)], r: &TuneReport) -> Result<(), Failure> {
+    for (f, p) in files {
+        let text = f
+            .exporter()
+            .render(r)
+            .map_err(|e| Failure::env(e.to_string(), "report this bug"))?;
+        write_output(p, text.as_bytes())?;
     }
     Ok(())
 }
@@ -113,7 +117,7 @@ fn trial_argv(a: &TuneCmd) -> Result<Vec<OsString>, Failure> {
     }
     let mut v: Vec<OsString> = vec![workload_binary()?.into()];
     for (k, val) in [
-        ("--seconds", a.work_seconds),
+        ("--seconds", a.work_seconds.as_secs_f64()),
         ("--size", a.work_size as f64),
         ("--batch", a.work_batch as f64),
         ("--layers", a.work_layers as f64),
@@ -125,33 +129,10 @@ fn trial_argv(a: &TuneCmd) -> Result<Vec<OsString>, Failure> {
     Ok(v)
 }
 
-fn check_numbers(a: &TuneCmd) -> Result<(), Failure> {
-    if a.runs == 0 {
-        return Err(Failure::usage("--runs must be at least 1", "e.g. --runs 3"));
-    }
-    if !(a.timeout > 0.0 && a.timeout.is_finite()) {
-        return Err(Failure::usage(
-            format!(
-                "--timeout {}: must be a positive number of seconds",
-                a.timeout
-            ),
-            "e.g. --timeout 600",
-        ));
-    }
-    if !(a.work_seconds > 0.0 && a.work_seconds.is_finite()) {
-        return Err(Failure::usage(
-            format!(
-                "--work-seconds {}: must be a positive number",
-                a.work_seconds
-            ),
-            "e.g. --work-seconds 1.5",
-        ));
-    }
-    Ok(())
-}
-
 fn progress_bar() -> ProgressBar {
     let bar = ProgressBar::new(0);
+    // Ticks between trials too, so the elapsed time and spinner move.
+    bar.enable_steady_tick(Duration::from_millis(200));
     bar.set_style(
         ProgressStyle::with_template(
             "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} trials, ETA {eta}  {msg}",
@@ -168,12 +149,7 @@ fn save_winner(path: &std::path::Path, plan: Option<Plan>) -> Result<(), Failure
     };
     let text = serde_json::to_string_pretty(&p)
         .map_err(|e| Failure::env(e.to_string(), "report this bug"))?;
-    export::write(path, &(text + "\n")).map_err(|e| {
-        Failure::env(
-            format!("cannot write {}: {e}", path.display()),
-            "check the path",
-        )
-    })?;
+    write_output(path, (text + "\n").as_bytes())?;
     eprintln!(
         "threadwise: saved the winner's plan to {0} (threadwise run --plan {0} -- CMD)",
         path.display()
@@ -181,12 +157,12 @@ fn save_winner(path: &std::path::Path, plan: Option<Plan>) -> Result<(), Failure
     Ok(())
 }
 
-pub fn tune_cmd(a: TuneCmd) -> Result<(), Failure> {
-    check_numbers(&a)?;
+pub fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
     let metric = Metric::new(a.metric.as_deref())
         .map_err(|e| Failure::usage(e.to_string(), "e.g. --metric 'speed: ([0-9.]+)'"))?;
     let topo = load(&SourceArgs::default())?;
     let base = request(&a.plan);
+    // Every configuration may name an allocator: look them up once.
     let facts = Facts {
         allocators: plan::find_allocators(),
     };
@@ -205,18 +181,14 @@ pub fn tune_cmd(a: TuneCmd) -> Result<(), Failure> {
         topology: topo.clone(),
         facts: facts.clone(),
         argv,
-        timeout: Duration::from_secs_f64(a.timeout),
+        timeout: a.timeout,
         grace: Duration::from_secs(5),
         gpu: GpuSampler::new(),
-    };
-    let strategy = match a.strategy {
-        StrategyArg::All => Strategy::All,
-        StrategyArg::Halving => Strategy::Halving,
     };
     let opts = TuneOptions {
         runs: a.runs,
         warmup: a.warmup,
-        strategy,
+        strategy: a.strategy,
         metric,
         cpu_budget: topo.cpu_budget,
     };
@@ -255,12 +227,6 @@ pub fn tune_cmd(a: TuneCmd) -> Result<(), Failure> {
     if let Some(path) = &a.save_plan {
         save_winner(path, winner_plan(&configs, &report, &topo, &facts))?;
     }
-    if !report.complete {
-        return Err(Failure {
-            message: String::new(),
-            hint: None,
-            code: 130,
-        });
-    }
-    Ok(())
+    // An interrupted tune ends like an interrupted command: 128 + SIGINT.
+    Ok(if report.complete { Exit::OK } else { Exit(130) })
 }

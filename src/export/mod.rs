@@ -10,7 +10,7 @@ mod torchrun;
 use crate::plan::Plan;
 
 pub use shell::{quote, quote_all};
-pub use torchrun::request_args;
+pub use torchrun::{bind_args, request_args};
 
 /// What an exporter may need besides the plan.
 #[derive(Debug, Clone, Default)]
@@ -35,25 +35,47 @@ pub enum ExportError {
     Json(#[from] serde_json::Error),
 }
 
+impl Context {
+    /// The user's command quoted for a shell, or `"$@"` for a script's own arguments.
+    pub fn command_line(&self) -> String {
+        if self.command.is_empty() {
+            "\"$@\"".to_string()
+        } else {
+            quote_all(&self.command)
+        }
+    }
+}
+
 /// One output format.
 pub trait Exporter {
     fn render(&self, plan: &Plan, ctx: &Context) -> Result<String, ExportError>;
 }
 
-/// The exporter for a format name, or None when the name is unknown.
-pub fn exporter(format: &str) -> Option<Box<dyn Exporter>> {
-    Some(match format {
-        "table" => Box::new(table::Table),
-        "json" => Box::new(json::Json),
-        "env" => Box::new(shell::Env),
-        "numactl" => Box::new(shell::Numactl),
-        "taskset" => Box::new(shell::Taskset),
-        "slurm" => Box::new(slurm::Slurm),
-        "torchrun" => Box::new(torchrun::Torchrun),
-        _ => return None,
-    })
+crate::named_enum! {
+    /// `plan --format`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum PlanFormat ("a format,") {
+        Table => "table",
+        Json => "json",
+        Env => "env",
+        Numactl => "numactl",
+        Taskset => "taskset",
+        Slurm => "slurm",
+        Torchrun => "torchrun",
+    }
 }
 
-pub const FORMATS: &[&str] = &[
-    "table", "json", "env", "numactl", "taskset", "slurm", "torchrun",
-];
+impl PlanFormat {
+    /// The registry: one exporter per format.
+    pub fn exporter(self) -> &'static dyn Exporter {
+        match self {
+            PlanFormat::Table => &table::Table,
+            PlanFormat::Json => &json::Json,
+            PlanFormat::Env => &shell::Env,
+            PlanFormat::Numactl => &shell::Numactl,
+            PlanFormat::Taskset => &shell::Taskset,
+            PlanFormat::Slurm => &slurm::Slurm,
+            PlanFormat::Torchrun => &torchrun::Torchrun,
+        }
+    }
+}

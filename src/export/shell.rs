@@ -4,28 +4,13 @@
 use super::{Context, ExportError, Exporter};
 use crate::plan::{MemPolicy, Plan, RankPlan};
 
-/// Quote a word for a POSIX shell, only when it needs it.
+/// Quote a word for a POSIX shell, only when it needs it (shell-words).
 pub fn quote(s: &str) -> String {
-    let safe = !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b));
-    if safe {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', "'\\''"))
-    }
+    shell_words::quote(s).into_owned()
 }
 
 pub fn quote_all(words: &[String]) -> String {
-    words.iter().map(|w| quote(w)).collect::<Vec<_>>().join(" ")
-}
-
-fn command(ctx: &Context) -> String {
-    if ctx.command.is_empty() {
-        "\"$@\"".to_string()
-    } else {
-        quote_all(&ctx.command)
-    }
+    shell_words::join(words)
 }
 
 fn env_words(rank: &RankPlan) -> String {
@@ -90,7 +75,7 @@ impl Exporter for Numactl {
                 r.local_rank,
                 env_words(r),
                 numactl_args(r).join(" "),
-                command(ctx)
+                ctx.command_line()
             ));
         }
         Ok(out)
@@ -112,7 +97,7 @@ impl Exporter for Taskset {
                 "env LOCAL_RANK={} {} {bind}{}\n",
                 r.local_rank,
                 env_words(r),
-                command(ctx)
+                ctx.command_line()
             ));
         }
         Ok(out)

@@ -2,7 +2,7 @@
 //! local-rank order (Slurm's SLURM_LOCALID order), plus the shared thread
 //! variables. Per-rank variables need `threadwise bind` under srun instead.
 
-use super::{Context, ExportError, Exporter, quote, request_args};
+use super::{Context, ExportError, Exporter, bind_args, quote, quote_all};
 use crate::plan::Plan;
 
 pub struct Slurm;
@@ -15,29 +15,29 @@ impl Exporter for Slurm {
         } else {
             " --cpu-bind=none".to_string()
         };
-        // Variables every rank shares go into --export.
+        // Variables every rank shares go into --export, which splits at
+        // commas: a value holding one (MALLOC_CONF) is set by env instead.
         let first = &plan.ranks[0].env;
-        let shared: Vec<String> = first
+        let (listed, with_comma): (Vec<_>, Vec<_>) = first
             .iter()
             .filter(|(k, v)| plan.ranks.iter().all(|r| r.env.get(*k) == Some(v)))
             .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        let cmd = if ctx.command.is_empty() {
-            "\"$@\"".to_string()
-        } else {
-            super::quote_all(&ctx.command)
-        };
+            .partition(|kv| !kv.contains(','));
+        let mut cmd = ctx.command_line();
+        if !with_comma.is_empty() {
+            cmd = format!("env {} {cmd}", quote_all(&with_comma));
+        }
         let mut out = format!(
             "srun --ntasks-per-node={}{bind} --export={} {cmd}\n",
             plan.nproc,
-            quote(&format!("ALL,{}", shared.join(",")))
+            quote(&format!("ALL,{}", listed.join(",")))
         );
         let mut bind = vec![ctx.program.clone(), "bind".to_string()];
-        bind.extend(request_args(&plan.request));
+        bind.extend(bind_args(plan));
         out.push_str(&format!(
             "# or, with every per-rank variable: srun --ntasks-per-node={} --cpu-bind=none {} -- {cmd}\n",
             plan.nproc,
-            super::quote_all(&bind)
+            quote_all(&bind)
         ));
         Ok(out)
     }

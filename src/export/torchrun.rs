@@ -52,22 +52,25 @@ pub fn request_args(req: &PlanRequest) -> Vec<String> {
     a
 }
 
+/// The options `threadwise bind` needs to compute the same node plan: the
+/// request's, with the local rank count always spelled out.
+pub fn bind_args(plan: &Plan) -> Vec<String> {
+    let mut a = request_args(&plan.request);
+    if plan.request.nproc == NProc::Auto {
+        a.splice(
+            0..0,
+            ["--nproc-per-node".to_string(), plan.nproc.to_string()],
+        );
+    }
+    a
+}
+
 pub struct Torchrun;
 
 impl Exporter for Torchrun {
     fn render(&self, plan: &Plan, ctx: &Context) -> Result<String, ExportError> {
-        let cmd = if ctx.command.is_empty() {
-            "\"$@\"".to_string()
-        } else {
-            quote_all(&ctx.command)
-        };
-        let mut bind = request_args(&plan.request);
-        if !bind.iter().any(|a| a == "--nproc-per-node") {
-            bind.splice(
-                0..0,
-                ["--nproc-per-node".to_string(), plan.nproc.to_string()],
-            );
-        }
+        let cmd = ctx.command_line();
+        let bind = bind_args(plan);
         let nodes = if plan.request.nnodes > 1 {
             format!(
                 "--nnodes {} --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id JOB",

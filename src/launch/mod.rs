@@ -47,6 +47,8 @@ pub enum LaunchError {
     },
     #[error("{0}")]
     Launcher(String),
+    #[error("cannot find a free port for MASTER_PORT: {0}")]
+    Port(std::io::Error),
     #[error("cannot exec {program}: {source}")]
     Exec {
         program: String,
@@ -74,6 +76,7 @@ impl LaunchError {
                 "check the command and its permissions"
             }
             LaunchError::LogDir { .. } => "give --log-dir a writable directory",
+            LaunchError::Port(_) => "give --master-port",
             LaunchError::Launcher(_) => {
                 "run under torchrun, srun, mpirun (Open MPI, MPICH, Intel MPI, MVAPICH) or Cray PALS, \
                  or use threadwise run"
@@ -163,46 +166,65 @@ pub fn plan_launches(p: &Plan, argv: &[OsString], job: &env::Job) -> Vec<RankLau
         .collect()
 }
 
-/// Check placements in one scratch thread before any rank starts, so a refusal
-/// is reported once, up front, and never leaves half a launch behind. Returns
-/// the index of the first refused placement with the error.
-pub fn preflight(ps: &[Placement]) -> Option<(usize, &'static str, std::io::Error)> {
-    let ps = ps.to_vec();
-    std::thread::spawn(move || {
+/// A plan's launches on this node with torchrun's contract: rank 0 at
+/// `master_addr`, listening on `port` (a free one when None).
+pub fn node_launches(
+    p: &Plan,
+    argv: &[OsString],
+    master_addr: &str,
+    port: Option<u16>,
+) -> Result<Vec<RankLaunch>, LaunchError> {
+    let master_port = match port {
+        Some(p) => p,
+        None => env::free_port().map_err(LaunchError::Port)?,
+    };
+    let job = env::Job {
+        nproc: p.nproc,
+        master_addr: master_addr.to_string(),
+        master_port,
+        run_id: env::run_id(),
+    };
+    Ok(plan_launches(p, argv, &job))
+}
+
+/// Try every launch's placement in one scratch thread before any rank starts,
+/// so a refusal is reported once, up front, and never leaves half a launch
+/// behind.
+pub fn check_placements(launches: &[RankLaunch]) -> Result<(), LaunchError> {
+    let ps: Vec<Placement> = launches.iter().map(|l| l.placement.clone()).collect();
+    let refused = std::thread::spawn(move || {
         ps.iter()
             .enumerate()
             .find_map(|(i, p)| p.apply().err().map(|(what, e)| (i, what, e)))
     })
     .join()
     .ok()
-    .flatten()
+    .flatten();
+    match refused {
+        None => Ok(()),
+        Some((i, what, source)) => Err(LaunchError::Placement {
+            rank: launches[i].local_rank,
+            what,
+            cpus: launches[i].cpus.clone(),
+            mem: launches[i].mem.clone(),
+            source,
+        }),
+    }
 }
 
-/// Resolve a program the way execvp would, to fail before starting anything.
+/// Resolve a program the way execvp would (the `which` crate), to fail before
+/// starting anything.
 pub fn resolve(program: &OsString) -> Result<PathBuf, LaunchError> {
-    use std::os::unix::fs::PermissionsExt;
     let name = Path::new(program);
-    let shown = name.display().to_string();
-    let candidates: Vec<PathBuf> = if program.to_string_lossy().contains('/') {
-        vec![name.to_path_buf()]
-    } else {
-        std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).map(|d| d.join(name)).collect())
-            .unwrap_or_default()
-    };
-    let mut not_exec = None;
-    for c in candidates {
-        if let Ok(meta) = std::fs::metadata(&c)
-            && meta.is_file()
-        {
-            if meta.permissions().mode() & 0o111 != 0 {
-                return Ok(c);
-            }
-            not_exec = Some(c.display().to_string());
-        }
+    if program.is_empty() {
+        return Err(LaunchError::NotFound("''".into()));
     }
-    Err(match not_exec {
-        Some(p) => LaunchError::NotExecutable(p),
-        None => LaunchError::NotFound(shown),
+    which::which(name).map_err(|_| {
+        // A path that names a file which cannot be run gets its own hint.
+        if program.to_string_lossy().contains('/') && name.is_file() {
+            LaunchError::NotExecutable(name.display().to_string())
+        } else {
+            LaunchError::NotFound(name.display().to_string())
+        }
     })
 }

@@ -51,7 +51,7 @@ fn core_units(topo: &Topology) -> Vec<Unit> {
         .map(|c| {
             (
                 c.cpus.intersection(allowed),
-                c.kind.as_deref() == Some("efficiency"),
+                c.kind == Some(crate::topology::CoreKind::Efficiency),
             )
         })
         .filter(|(s, _)| !s.is_empty())

@@ -32,57 +32,67 @@ pub enum GpuSelect {
     List(Vec<usize>),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Policy {
-    /// Own physical cores per rank, on the GPU's NUMA node.
-    Exclusive,
-    /// The whole NUMA node, shared by the ranks on it.
-    Node,
-    /// The whole package, shared.
-    Socket,
-    /// Whole L3 groups per rank.
-    L3,
-    /// One physical core per rank.
-    Single,
-    /// No binding at all.
-    None,
+crate::named_enum! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum Policy ("a policy,") {
+        /// Own physical cores per rank, on the GPU's NUMA node.
+        Exclusive => "exclusive",
+        /// The whole NUMA node, shared by the ranks on it.
+        Node => "node",
+        /// The whole package, shared.
+        Socket => "socket",
+        /// Whole L3 groups per rank.
+        L3 => "l3",
+        /// One physical core per rank.
+        Single => "single",
+        /// No binding at all.
+        None => "none",
+    }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MemPolicy {
-    /// Allocate on the node of the CPU that touches memory first (the rank's node).
-    Local,
-    Preferred,
-    Bind,
-    Interleave,
-    None,
+crate::named_enum! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum MemPolicy ("a memory policy,") {
+        /// Allocate on the node of the CPU that touches memory first (the rank's node).
+        Local => "local",
+        Preferred => "preferred",
+        Bind => "bind",
+        Interleave => "interleave",
+        None => "none",
+    }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AllocatorChoice {
-    None,
-    Jemalloc,
-    Tcmalloc,
-    Auto,
+crate::named_enum! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum AllocatorChoice ("an allocator,") {
+        None => "none",
+        Jemalloc => "jemalloc",
+        Tcmalloc => "tcmalloc",
+        Auto => "auto",
+    }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Profile {
-    /// threadwise's own rules.
-    Auto,
-    /// The formulas of the guides this project grew from, reproduced exactly.
-    Seed,
+crate::named_enum! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum Profile ("a profile,") {
+        /// threadwise's own rules.
+        Auto => "auto",
+        /// The formulas of the guides this project grew from, reproduced exactly.
+        Seed => "seed",
+    }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AllocatorKind {
-    Jemalloc,
-    Tcmalloc,
+crate::named_enum! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum AllocatorKind ("an allocator,") {
+        Jemalloc => "jemalloc",
+        Tcmalloc => "tcmalloc",
+    }
 }
 
 /// An allocator library that exists on the machine.
@@ -197,7 +207,7 @@ impl FromStr for GpuSelect {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "auto" => Ok(GpuSelect::Auto),
-            "none" | "" => Ok(GpuSelect::None),
+            "none" => Ok(GpuSelect::None),
             _ => {
                 let v: Result<Vec<usize>, _> = s.split(',').map(|x| x.trim().parse()).collect();
                 let v =
@@ -231,69 +241,6 @@ macro_rules! string_conversions {
 }
 string_conversions!(NProc, Amount, GpuSelect);
 
-impl fmt::Display for Policy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Policy::Exclusive => "exclusive",
-            Policy::Node => "node",
-            Policy::Socket => "socket",
-            Policy::L3 => "l3",
-            Policy::Single => "single",
-            Policy::None => "none",
-        })
-    }
-}
-
-impl fmt::Display for MemPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            MemPolicy::Local => "local",
-            MemPolicy::Preferred => "preferred",
-            MemPolicy::Bind => "bind",
-            MemPolicy::Interleave => "interleave",
-            MemPolicy::None => "none",
-        })
-    }
-}
-
-macro_rules! enum_from_str {
-    ($t:ty, $what:literal, [$($name:literal => $v:expr),*]) => {
-        impl FromStr for $t {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
-                match s {
-                    $($name => Ok($v),)*
-                    _ => Err(format!("{s:?}: expected {} one of {}", $what, [$($name),*].join(", "))),
-                }
-            }
-        }
-    };
-}
-enum_from_str!(Policy, "a policy,", ["exclusive" => Policy::Exclusive, "node" => Policy::Node, "socket" => Policy::Socket, "l3" => Policy::L3, "single" => Policy::Single, "none" => Policy::None]);
-enum_from_str!(MemPolicy, "a memory policy,", ["local" => MemPolicy::Local, "preferred" => MemPolicy::Preferred, "bind" => MemPolicy::Bind, "interleave" => MemPolicy::Interleave, "none" => MemPolicy::None]);
-enum_from_str!(AllocatorChoice, "an allocator,", ["none" => AllocatorChoice::None, "jemalloc" => AllocatorChoice::Jemalloc, "tcmalloc" => AllocatorChoice::Tcmalloc, "auto" => AllocatorChoice::Auto]);
-enum_from_str!(Profile, "a profile,", ["auto" => Profile::Auto, "seed" => Profile::Seed]);
-
-impl fmt::Display for AllocatorChoice {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            AllocatorChoice::None => "none",
-            AllocatorChoice::Jemalloc => "jemalloc",
-            AllocatorChoice::Tcmalloc => "tcmalloc",
-            AllocatorChoice::Auto => "auto",
-        })
-    }
-}
-
-impl fmt::Display for AllocatorKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            AllocatorKind::Jemalloc => "jemalloc",
-            AllocatorKind::Tcmalloc => "tcmalloc",
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,6 +257,31 @@ mod tests {
         );
         assert!("0,0".parse::<GpuSelect>().is_err());
         assert!("x".parse::<Amount>().is_err());
+        fn names<T: Copy + fmt::Display + FromStr + Serialize + PartialEq + fmt::Debug>(all: &[T])
+        where
+            T::Err: fmt::Debug,
+        {
+            for v in all {
+                let name = v.to_string();
+                assert_eq!(name.parse::<T>().unwrap(), *v);
+                assert_eq!(
+                    serde_json::to_value(v).unwrap(),
+                    name.as_str(),
+                    "serde name"
+                );
+            }
+        }
+        names(Policy::ALL);
+        names(MemPolicy::ALL);
+        names(AllocatorChoice::ALL);
+        names(Profile::ALL);
+        names(AllocatorKind::ALL);
+        assert!(
+            "fast"
+                .parse::<Policy>()
+                .unwrap_err()
+                .contains("exclusive, node")
+        );
         let json = serde_json::to_string(&PlanRequest::default()).unwrap();
         let back: PlanRequest = serde_json::from_str(&json).unwrap();
         assert_eq!(back, PlanRequest::default());

@@ -162,7 +162,11 @@ fn hybrid_cpus_share_each_kind_and_compute_on_performance_cores() {
             } else {
                 std::iter::once(i + 6).collect()
             },
-            kind: Some(if i < 6 { "performance" } else { "efficiency" }.into()),
+            kind: Some(if i < 6 {
+                crate::topology::CoreKind::Performance
+            } else {
+                crate::topology::CoreKind::Efficiency
+            }),
             capacity: None,
         })
         .collect();

@@ -6,12 +6,13 @@
 
 use std::path::{Path, PathBuf};
 
+use super::CgroupVersion;
 use crate::cpuset::CpuSet;
 
 /// What the cgroups say about this process.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CgroupLimits {
-    pub version: Option<&'static str>,
+    pub version: Option<CgroupVersion>,
     pub path: Option<String>,
     pub cpuset: Option<CpuSet>,
     /// quota / period, in CPUs.
@@ -178,7 +179,7 @@ pub fn probe(root: &Path) -> CgroupLimits {
             // v1 keeps the configured set in cpuset.cpus (what hwloc reads too).
             out.cpuset = cpuset_up(&dirs, &["cpuset.cpus", "cpuset.effective_cpus"]);
             if out.cpuset.is_some() {
-                out.version = Some("v1");
+                out.version = Some(CgroupVersion::V1);
                 out.path = Some(path);
             }
         }
@@ -187,7 +188,7 @@ pub fn probe(root: &Path) -> CgroupLimits {
             let dirs = ancestry(root, &m.point, &path);
             out.cpuset = cpuset_up(&dirs, &["cpus", "cpuset.cpus"]);
             if out.cpuset.is_some() {
-                out.version = Some("v1");
+                out.version = Some(CgroupVersion::V1);
                 out.path = Some(path);
             }
         }
@@ -200,7 +201,7 @@ pub fn probe(root: &Path) -> CgroupLimits {
         let dirs = ancestry(root, &m.point, &path);
         out.cpuset = cpuset_up(&dirs, &["cpuset.cpus.effective", "cpuset.cpus"]);
         if out.cpuset.is_some() {
-            out.version = Some("v2");
+            out.version = Some(CgroupVersion::V2);
             out.path = Some(path);
         }
     }
@@ -211,7 +212,7 @@ pub fn probe(root: &Path) -> CgroupLimits {
     {
         out.quota = quota_up_v1(&ancestry(root, &m.point, &path));
         if out.quota.is_some() {
-            out.version.get_or_insert("v1");
+            out.version.get_or_insert(CgroupVersion::V1);
             out.path.get_or_insert(path);
         }
     }
@@ -221,7 +222,7 @@ pub fn probe(root: &Path) -> CgroupLimits {
     {
         out.quota = quota_up_v2(&ancestry(root, &m.point, &path));
         if out.quota.is_some() {
-            out.version.get_or_insert("v2");
+            out.version.get_or_insert(CgroupVersion::V2);
             out.path.get_or_insert(path);
         }
     }
@@ -258,7 +259,7 @@ mod tests {
         w("sys/fs/cgroup/job/cpu.max", "150000 100000\n");
         w("sys/fs/cgroup/job/step/cpu.max", "max 100000\n");
         let l = probe(r);
-        assert_eq!(l.version, Some("v2"));
+        assert_eq!(l.version, Some(CgroupVersion::V2));
         assert_eq!(l.cpuset.unwrap().to_string(), "2-3");
         assert_eq!(l.quota, Some(1.5));
     }

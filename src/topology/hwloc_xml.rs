@@ -112,7 +112,7 @@ pub fn parse(text: &str, name: &str) -> Result<Topology, TopologyError> {
             "Machine" => {
                 if let Some(a) = cpuset_attr(n, "allowed_cpuset").map_err(&err)? {
                     t.limits.cgroup_cpuset = Some(a);
-                    t.limits.cgroup_version = Some("from-xml".to_string());
+                    t.limits.cgroup_version = Some(super::CgroupVersion::Xml);
                 }
             }
             "NUMANode" => {

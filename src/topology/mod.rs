@@ -68,14 +68,40 @@ pub struct Group {
     pub cpus: CpuSet,
 }
 
+crate::named_enum! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum CoreKind ("a core kind,") {
+        Performance => "performance",
+        Efficiency => "efficiency",
+    }
+}
+
+crate::named_enum! {
+    /// Where the allowed set's limit comes from.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+    pub enum CgroupVersion ("a cgroup version,") {
+        #[serde(rename = "v1")]
+        V1 => "v1",
+        #[serde(rename = "v2")]
+        V2 => "v2",
+        /// The allowed cpuset of an hwloc XML export.
+        #[serde(rename = "from-xml")]
+        Xml => "from-xml",
+        /// `allowed:` / `quota:` of a synthetic description.
+        #[serde(rename = "synthetic")]
+        Synthetic => "synthetic",
+    }
+}
+
 /// A physical core and its SMT siblings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Core {
     pub id: usize,
     pub package: usize,
     pub cpus: CpuSet,
-    /// "performance" or "efficiency" on hybrid machines, else null.
-    pub kind: Option<String>,
+    /// Performance or efficiency core on hybrid machines, else null.
+    pub kind: Option<CoreKind>,
     /// cpu_capacity (arm) or max frequency in kHz, when sysfs shows it.
     pub capacity: Option<u64>,
 }
@@ -119,8 +145,8 @@ pub struct PciDevice {
 pub struct Limits {
     /// This process's affinity mask (live machine only).
     pub affinity: Option<CpuSet>,
-    /// "v1" or "v2", when a cgroup cpuset or quota was found.
-    pub cgroup_version: Option<String>,
+    /// v1 or v2, when a cgroup cpuset or quota was found.
+    pub cgroup_version: Option<CgroupVersion>,
     pub cgroup_path: Option<String>,
     pub cgroup_cpuset: Option<CpuSet>,
     /// CPU quota in CPUs (quota / period), when one is set.

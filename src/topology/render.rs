@@ -21,8 +21,8 @@ fn cores_line(t: &Topology, within: &CpuSet) -> Vec<String> {
             } else {
                 "!"
             };
-            let kind = match c.kind.as_deref() {
-                Some("efficiency") => "e",
+            let kind = match c.kind {
+                Some(super::CoreKind::Efficiency) => "e",
                 _ => "",
             };
             format!("{mark}[{}]{kind}", c.cpus)
@@ -115,7 +115,7 @@ fn render_limits(out: &mut String, t: &Topology) {
     if let Some(c) = &t.limits.cgroup_cpuset {
         why.push(format!(
             "cgroup {} cpuset {c}",
-            t.limits.cgroup_version.as_deref().unwrap_or("")
+            t.limits.cgroup_version.map_or("", |v| v.name())
         ));
     }
     if let Some(q) = t.limits.cpu_quota {

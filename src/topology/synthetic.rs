@@ -221,7 +221,7 @@ pub fn parse(text: &str) -> Result<Topology, TopologyError> {
     t.limits.cgroup_cpuset = s.allowed.clone();
     t.limits.cpu_quota = s.quota;
     if s.allowed.is_some() || s.quota.is_some() {
-        t.limits.cgroup_version = Some("synthetic".into());
+        t.limits.cgroup_version = Some(super::CgroupVersion::Synthetic);
     }
     t.finish();
     Ok(t)

@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::{Core, Distances, Group, NumaNode, PciDevice, Topology, TopologyError, cgroup};
+use super::{
+    Core, CoreKind, Distances, Group, NumaNode, PciDevice, Topology, TopologyError, cgroup,
+};
 use crate::cpuset::CpuSet;
 
 const CPU_DIR: &str = "sys/devices/system/cpu";
@@ -271,19 +273,16 @@ fn mark_hybrid(t: &mut Topology, capacities: &[Option<u64>], r: &Root) {
             (None, Some(th)) => core.capacity.is_some_and(|c| c < th),
             _ => false,
         };
-        core.kind = Some(
-            if efficient {
-                "efficiency"
-            } else {
-                "performance"
-            }
-            .to_string(),
-        );
+        core.kind = Some(if efficient {
+            CoreKind::Efficiency
+        } else {
+            CoreKind::Performance
+        });
     }
     let e = t
         .cores
         .iter()
-        .filter(|c| c.kind.as_deref() == Some("efficiency"))
+        .filter(|c| c.kind == Some(CoreKind::Efficiency))
         .count();
     t.notes.push(format!(
         "hybrid CPU: {} performance and {e} efficiency cores",
@@ -448,7 +447,7 @@ pub fn probe(root: &Path, live: bool) -> Result<Topology, TopologyError> {
     }
     pci(&r, &mut t);
     let cg = cgroup::probe(root);
-    t.limits.cgroup_version = cg.version.map(str::to_string);
+    t.limits.cgroup_version = cg.version;
     t.limits.cgroup_path = cg.path;
     t.limits.cgroup_cpuset = cg.cpuset;
     t.limits.cpu_quota = cg.quota;

@@ -48,12 +48,98 @@ pub trait TrialRunner {
     fn run(&mut self, config: &TuneConfig) -> TrialOutcome;
 }
 
+/// How one trial ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrialStatus {
+    /// Every rank exited 0: the trial is measured.
+    Ok,
+    /// A rank exited non-zero or was killed.
+    Failed,
+    /// Stopped after --timeout.
+    Timeout,
+    /// Could not start (a plan this machine cannot satisfy, a missing allocator...).
+    Error,
+    /// The user stopped tuning during this trial.
+    Interrupted,
+}
+
+impl TrialStatus {
+    pub fn name(self) -> &'static str {
+        match self {
+            TrialStatus::Ok => "ok",
+            TrialStatus::Failed => "failed",
+            TrialStatus::Timeout => "timeout",
+            TrialStatus::Error => "error",
+            TrialStatus::Interrupted => "interrupted",
+        }
+    }
+}
+
+impl std::fmt::Display for TrialStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Something the reader of a report must know (hyperfine's `Warnings`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Warning {
+    /// Tuning stopped early; the report holds what was measured.
+    Interrupted { config: String, round: usize },
+    /// No throughput in the output: configurations are ranked by 1 / wall time.
+    WallMetric,
+}
+
+impl std::fmt::Display for Warning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Warning::Interrupted { config, round } => write!(
+                f,
+                "interrupted during {config} round {round}; the report holds what was measured"
+            ),
+            Warning::WallMetric => {
+                f.write_str("no throughput found in the output (--metric): ranked by 1 / wall time")
+            }
+        }
+    }
+}
+
+/// Where the throughput came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricSource {
+    /// Parsed from the ranks' output (--metric or the default shapes).
+    Output,
+    /// 1 / wall time, because the output had none.
+    Wall,
+}
+
+/// How a configuration compares with the winner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    Winner,
+    /// Its range overlaps the winner's: the data cannot tell them apart.
+    NotDistinguishable,
+    None,
+}
+
+impl Mark {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mark::Winner => "winner",
+            Mark::NotDistinguishable => "not distinguishable",
+            Mark::None => "",
+        }
+    }
+}
+
 /// One measured trial, as reported.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Trial {
     pub round: usize,
-    /// "ok", "failed", "timeout", "error" or "interrupted".
-    pub status: String,
+    pub status: TrialStatus,
     pub throughput: Option<f64>,
     pub wall_s: f64,
     pub cpu_util_pct: f64,
@@ -96,23 +182,37 @@ pub struct TuneReport {
     pub cpu_budget: f64,
     pub runs: usize,
     pub warmup: usize,
-    /// "output" (parsed throughput) or "wall" (1 / wall time).
-    pub metric: String,
+    pub metric: MetricSource,
     pub unit: String,
     pub configs: Vec<ConfigResult>,
     pub baseline: Option<String>,
     pub winner: Option<String>,
     /// False while running and when interrupted.
     pub complete: bool,
-    pub warnings: Vec<String>,
+    pub warnings: Vec<Warning>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strategy {
-    /// Every configuration every round.
-    All,
-    /// After each round, drop configurations clearly worse than the best one.
-    Halving,
+impl TuneReport {
+    /// How `c` compares with the winner.
+    pub fn mark(&self, c: &ConfigResult) -> Mark {
+        if self.winner.as_deref() == Some(c.name.as_str()) {
+            Mark::Winner
+        } else if c.indistinguishable_from_winner {
+            Mark::NotDistinguishable
+        } else {
+            Mark::None
+        }
+    }
+}
+
+crate::named_enum! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Strategy ("a strategy,") {
+        /// Every configuration every round.
+        All => "all",
+        /// After each round, drop configurations clearly worse than the best one.
+        Halving => "halving",
+    }
 }
 
 /// How to tune.
@@ -190,28 +290,26 @@ fn trial(
 ) -> Trial {
     let wall = o.wall.as_secs_f64().max(1e-9);
     let status = if o.interrupted {
-        "interrupted"
+        TrialStatus::Interrupted
     } else if o.error.is_some() {
-        "error"
+        TrialStatus::Error
     } else if o.timed_out {
-        "timeout"
+        TrialStatus::Timeout
     } else if o.failure.is_some() {
-        "failed"
+        TrialStatus::Failed
     } else {
-        "ok"
+        TrialStatus::Ok
     };
-    let throughput = (status == "ok")
-        .then(|| metric.find(&o.lines))
-        .flatten()
-        .or_else(|| {
-            (status == "ok").then(|| {
-                *wall_metric = true;
-                1.0 / wall
-            })
-        });
+    let ok = status == TrialStatus::Ok;
+    let throughput = ok.then(|| metric.find(&o.lines)).flatten().or_else(|| {
+        ok.then(|| {
+            *wall_metric = true;
+            1.0 / wall
+        })
+    });
     Trial {
         round,
-        status: status.to_string(),
+        status,
         throughput,
         wall_s: wall,
         cpu_util_pct: 100.0 * o.cpu.as_secs_f64() / (wall * budget.max(1e-9)),
@@ -225,18 +323,14 @@ fn trial(
             .clone()
             .or_else(|| o.failure.clone())
             .or_else(|| o.timed_out.then(|| "timed out".to_string())),
-        stderr_tail: if status == "ok" {
-            vec![]
-        } else {
-            o.stderr_tail.clone()
-        },
+        stderr_tail: if ok { vec![] } else { o.stderr_tail.clone() },
     }
 }
 
 fn median_of(trials: &[Trial], f: impl Fn(&Trial) -> Option<f64>) -> Option<f64> {
     let v: Vec<f64> = trials
         .iter()
-        .filter(|t| t.status == "ok")
+        .filter(|t| t.status == TrialStatus::Ok)
         .filter_map(f)
         .collect();
     summarize(&v).map(|s| s.median)
@@ -248,7 +342,7 @@ pub fn finish(report: &mut TuneReport) {
         let v: Vec<f64> = c
             .trials
             .iter()
-            .filter(|t| t.status == "ok")
+            .filter(|t| t.status == TrialStatus::Ok)
             .filter_map(|t| t.throughput)
             .collect();
         c.throughput = summarize(&v);
@@ -341,10 +435,10 @@ pub fn tune(
             });
             let o = runner.run(&configs[i]);
             if o.interrupted {
-                report.warnings.push(format!(
-                    "interrupted during {} round {round}; the report holds what was measured",
-                    configs[i].name
-                ));
+                report.warnings.push(Warning::Interrupted {
+                    config: configs[i].name.clone(),
+                    round,
+                });
                 finish(&mut report);
                 on_event(Event::Updated(&report));
                 return report;
@@ -365,12 +459,10 @@ pub fn tune(
                 &mut wall_metric,
             );
             report.configs[i].trials.push(t);
-            if wall_metric && report.metric != "wall" {
-                report.metric = "wall".into();
+            if wall_metric && report.metric != MetricSource::Wall {
+                report.metric = MetricSource::Wall;
                 report.unit = "runs/s".into();
-                report.warnings.push(
-                    "no throughput found in the output (--metric): ranked by 1 / wall time".into(),
-                );
+                report.warnings.push(Warning::WallMetric);
             }
             finish(&mut report);
             on_event(Event::Updated(&report));
@@ -409,7 +501,7 @@ pub fn new_report(
         cpu_budget,
         runs: 0,
         warmup: 0,
-        metric: "output".into(),
+        metric: MetricSource::Output,
         unit: "per s".into(),
         configs: vec![],
         baseline: None,

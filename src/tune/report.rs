@@ -5,7 +5,7 @@
 
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 
-use super::{ConfigResult, TuneReport};
+use super::{ConfigResult, TrialStatus, TuneReport};
 
 fn num(v: f64) -> String {
     if v >= 100.0 {
@@ -36,17 +36,6 @@ pub(crate) fn metric_cells(c: &ConfigResult, mem_unit: &str) -> [String; 5] {
     ]
 }
 
-/// "winner", "not distinguishable" (from the winner) or nothing.
-pub(crate) fn mark(r: &TuneReport, c: &ConfigResult) -> &'static str {
-    if r.winner.as_deref() == Some(c.name.as_str()) {
-        "winner"
-    } else if c.indistinguishable_from_winner {
-        "not distinguishable"
-    } else {
-        ""
-    }
-}
-
 fn row(r: &TuneReport, c: &ConfigResult) -> Vec<String> {
     let thr = match c.throughput {
         Some(s) => format!(
@@ -58,7 +47,11 @@ fn row(r: &TuneReport, c: &ConfigResult) -> Vec<String> {
         ),
         None => "-".to_string(),
     };
-    let failed = c.trials.iter().filter(|t| t.status != "ok").count();
+    let failed = c
+        .trials
+        .iter()
+        .filter(|t| t.status != TrialStatus::Ok)
+        .count();
     let name = if failed > 0 {
         format!("{} ({failed} failed)", c.name)
     } else {
@@ -68,7 +61,7 @@ fn row(r: &TuneReport, c: &ConfigResult) -> Vec<String> {
     cells.extend(metric_cells(c, " MiB"));
     cells.extend([
         opt(c.peak_rss_mib, |v| format!("{v:.0}")),
-        mark(r, c).to_string(),
+        r.mark(c).name().to_string(),
     ]);
     cells
 }
@@ -83,7 +76,7 @@ fn notes(r: &TuneReport) -> String {
                 c.name
             ));
         }
-        for tr in c.trials.iter().filter(|t| t.status != "ok") {
+        for tr in c.trials.iter().filter(|t| t.status != TrialStatus::Ok) {
             let why = tr
                 .message
                 .as_ref()

@@ -7,10 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::{TrialOutcome, TuneConfig};
-use crate::launch::env::{Job, free_port, run_id};
 use crate::launch::output::OutputOptions;
 use crate::launch::supervise::{self, RunOptions};
-use crate::launch::{plan_launches, preflight};
+use crate::launch::{check_placements, node_launches};
 use crate::measure::gpu::GpuSampler;
 use crate::plan::{Facts, plan};
 use crate::topology::Topology;
@@ -31,18 +30,8 @@ impl Runner {
         if c.unset_threads {
             p.unset_threads();
         }
-        let port = free_port().map_err(|e| format!("no free port: {e}"))?;
-        let job = Job {
-            nproc: p.nproc,
-            master_addr: "127.0.0.1".into(),
-            master_port: port,
-            run_id: run_id(),
-        };
-        let ls = plan_launches(&p, &self.argv, &job);
-        let placements: Vec<_> = ls.iter().map(|l| l.placement.clone()).collect();
-        if let Some((i, what, e)) = preflight(&placements) {
-            return Err(format!("rank {i}: {what} refused: {e}"));
-        }
+        let ls = node_launches(&p, &self.argv, "127.0.0.1", None).map_err(|e| e.to_string())?;
+        check_placements(&ls).map_err(|e| e.to_string())?;
         Ok(ls)
     }
 }

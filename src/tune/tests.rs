@@ -131,7 +131,7 @@ fn failures_are_reported_and_the_rest_goes_on() {
         &mut |_| {},
     );
     let bad = &r.configs[1];
-    assert_eq!(bad.trials[0].status, "failed");
+    assert_eq!(bad.trials[0].status, TrialStatus::Failed);
     assert_eq!(bad.trials[0].stderr_tail, ["Traceback"]);
     assert_eq!(bad.throughput.unwrap().n, 1);
     assert_eq!(r.winner.as_deref(), Some("bad"));
@@ -181,7 +181,8 @@ fn interrupted_tune_keeps_what_was_measured() {
     assert_eq!(r.configs[0].trials.len(), 1);
     assert_eq!(r.configs[1].trials.len(), 1);
     assert_eq!(last.unwrap(), r);
-    assert!(r.warnings[0].contains("interrupted"));
+    assert!(matches!(r.warnings[0], Warning::Interrupted { .. }));
+    assert!(r.warnings[0].to_string().contains("interrupted"));
 }
 
 #[test]
@@ -202,7 +203,7 @@ fn no_metric_in_output_falls_back_to_wall_time() {
         &mut Quiet,
         &mut |_| {},
     );
-    assert_eq!(r.metric, "wall");
+    assert_eq!(r.metric, MetricSource::Wall);
     assert_eq!(r.configs[0].throughput.unwrap().median, 2.0);
-    assert!(r.warnings.iter().any(|w| w.contains("1 / wall time")));
+    assert!(r.warnings.contains(&Warning::WallMetric));
 }

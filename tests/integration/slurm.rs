@@ -60,3 +60,36 @@ fn srun_tasks_get_their_planned_cpus() {
         .collect();
     assert_eq!(lines, want);
 }
+
+/// `plan --format slurm` with jemalloc: MALLOC_CONF holds commas, which srun's
+/// --export would split; the printed line must still give every task the whole
+/// value and its planned CPU.
+#[test]
+fn printed_srun_line_runs_under_real_srun() {
+    let out = super::threadwise()
+        .args(["plan", "-n", "2", "--allocator", "jemalloc", "--format", "slurm"])
+        .args(["--", "sh", "-c"])
+        .arg("echo $SLURM_LOCALID $MALLOC_CONF $(grep Cpus_allowed_list /proc/self/status | cut -f2)")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let words = shell_words::split(text.lines().next().unwrap()).unwrap();
+    assert_eq!(words[0], "srun");
+    let args: Vec<&str> = words[1..].iter().map(String::as_str).collect();
+    let got = srun(&args);
+    let mut lines: Vec<&str> = got.lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            "0 background_thread:true,metadata_thp:auto 0",
+            "1 background_thread:true,metadata_thp:auto 1"
+        ],
+        "{text}"
+    );
+}

@@ -260,7 +260,7 @@ fn interrupted_tune_leaves_valid_partial_files() {
     assert!(trials >= 2, "{trials} trials kept");
     let csv = std::fs::read_to_string(&c).unwrap();
     assert_eq!(csv.lines().count(), 1 + trials, "{csv}");
-    assert!(r["warnings"][0].as_str().unwrap().contains("interrupted"));
+    assert_eq!(r["warnings"][0]["kind"], "interrupted", "{}", r["warnings"]);
 }
 
 #[test]
@@ -271,7 +271,10 @@ fn tune_errors_name_the_input() {
         let err = text(&out.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
     };
-    fails(&["--runs", "0"], "--runs must be at least 1");
+    fails(&["--runs", "0"], "--runs <RUNS>");
+    fails(&["--timeout", "1e300"], "give seconds from");
+    fails(&["--timeout", "nan"], "give seconds from");
+    fails(&["--work-layers", "0"], "--work-layers");
     fails(&["--metric", "(a)(b)"], "exactly one capture group");
     fails(&["--grid", "colour=red"], "unknown key \"colour\"");
     fails(&["--config", "x"], "expected NAME=key=value");

@@ -1,34 +1,45 @@
 //! `--export-csv`: one row per trial, with its configuration's summary.
 
-use super::ReportExporter;
-use crate::tune::TuneReport;
+use super::{ReportError, ReportExporter};
+use crate::tune::{Mark, TuneReport};
 
 pub struct Csv;
-
-fn field(s: &str) -> String {
-    if s.contains([',', '"', '\n']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
-    }
-}
 
 fn opt(v: Option<f64>) -> String {
     v.map_or_else(String::new, |x| format!("{x:.4}"))
 }
 
+const HEADER: [&str; 17] = [
+    "config",
+    "options",
+    "round",
+    "status",
+    "throughput",
+    "wall_s",
+    "cpu_util_pct",
+    "voluntary_cs_per_s",
+    "involuntary_cs_per_s",
+    "peak_rss_mib",
+    "gpu_util_pct",
+    "gpu_mem_mib",
+    "median",
+    "min",
+    "max",
+    "speedup",
+    "winner",
+];
+
 impl ReportExporter for Csv {
-    fn render(&self, r: &TuneReport) -> String {
-        let mut out = String::from(
-            "config,options,round,status,throughput,wall_s,cpu_util_pct,voluntary_cs_per_s,involuntary_cs_per_s,peak_rss_mib,gpu_util_pct,gpu_mem_mib,median,min,max,speedup,winner\n",
-        );
+    fn render(&self, r: &TuneReport) -> Result<String, ReportError> {
+        let mut w = ::csv::Writer::from_writer(vec![]);
+        w.write_record(HEADER)?;
         for c in &r.configs {
             for t in &c.trials {
-                let cells = [
-                    field(&c.name),
-                    field(&c.options),
+                w.write_record([
+                    c.name.clone(),
+                    c.options.clone(),
                     t.round.to_string(),
-                    t.status.clone(),
+                    t.status.to_string(),
                     opt(t.throughput),
                     format!("{:.4}", t.wall_s),
                     format!("{:.2}", t.cpu_util_pct),
@@ -41,12 +52,13 @@ impl ReportExporter for Csv {
                     opt(c.throughput.map(|s| s.min)),
                     opt(c.throughput.map(|s| s.max)),
                     opt(c.speedup),
-                    (r.winner.as_deref() == Some(c.name.as_str())).to_string(),
-                ];
-                out.push_str(&cells.join(","));
-                out.push('\n');
+                    (r.mark(c) == Mark::Winner).to_string(),
+                ])?;
             }
         }
-        out
+        let bytes = w
+            .into_inner()
+            .map_err(|e| ::csv::Error::from(e.into_error()))?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 }

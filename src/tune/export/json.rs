@@ -1,12 +1,12 @@
 //! `--export-json`: the threadwise.tune/1 document.
 
-use super::ReportExporter;
+use super::{ReportError, ReportExporter};
 use crate::tune::TuneReport;
 
 pub struct Json;
 
 impl ReportExporter for Json {
-    fn render(&self, r: &TuneReport) -> String {
-        serde_json::to_string_pretty(r).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")) + "\n"
+    fn render(&self, r: &TuneReport) -> Result<String, ReportError> {
+        Ok(serde_json::to_string_pretty(r)? + "\n")
     }
 }

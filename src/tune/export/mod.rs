@@ -1,40 +1,64 @@
 //! Tune report files, one small file per format behind one trait, each
-//! rewritten whole after every trial (write to a temporary file, then rename),
-//! so a crash or Ctrl-C keeps every measured trial and never a torn file.
+//! rewritten whole after every trial (`files::write_output`: atomically for a
+//! regular file), so a crash or Ctrl-C keeps every measured trial and never a
+//! torn file.
 
 mod csv;
 mod json;
 mod markdown;
 mod svg;
 
-use std::path::{Path, PathBuf};
-
 use super::TuneReport;
 
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("cannot serialise the report as JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("cannot write the CSV report: {0}")]
+    Csv(#[from] ::csv::Error),
+    #[error("cannot draw the SVG chart: {0}")]
+    Svg(String),
+}
+
 pub trait ReportExporter {
-    fn render(&self, r: &TuneReport) -> String;
+    fn render(&self, r: &TuneReport) -> Result<String, ReportError>;
 }
 
-/// The exporter for `--export-FORMAT`.
-pub fn exporter(format: &str) -> Option<Box<dyn ReportExporter>> {
-    Some(match format {
-        "json" => Box::new(json::Json),
-        "csv" => Box::new(csv::Csv),
-        "markdown" => Box::new(markdown::Markdown),
-        "svg" => Box::new(svg::Svg),
-        _ => return None,
-    })
+/// The report formats, each with its `--export-FORMAT` option.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportFormat {
+    Json,
+    Csv,
+    Markdown,
+    Svg,
 }
 
-/// Write a report file atomically.
-pub fn write(path: &Path, text: &str) -> std::io::Result<()> {
-    let mut tmp = PathBuf::from(path);
-    let name = path
-        .file_name()
-        .map_or_else(|| "report".into(), |n| n.to_string_lossy().into_owned());
-    tmp.set_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
+impl ReportFormat {
+    pub const ALL: [ReportFormat; 4] = [
+        ReportFormat::Json,
+        ReportFormat::Csv,
+        ReportFormat::Markdown,
+        ReportFormat::Svg,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ReportFormat::Json => "json",
+            ReportFormat::Csv => "csv",
+            ReportFormat::Markdown => "markdown",
+            ReportFormat::Svg => "svg",
+        }
+    }
+
+    /// The registry: one exporter per format.
+    pub fn exporter(self) -> &'static dyn ReportExporter {
+        match self {
+            ReportFormat::Json => &json::Json,
+            ReportFormat::Csv => &csv::Csv,
+            ReportFormat::Markdown => &markdown::Markdown,
+            ReportFormat::Svg => &svg::Svg,
+        }
+    }
 }
 
 #[cfg(test)]

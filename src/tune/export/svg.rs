@@ -3,13 +3,13 @@
 
 use plotters::prelude::*;
 
-use super::ReportExporter;
-use crate::tune::TuneReport;
+use super::{ReportError, ReportExporter};
+use crate::tune::{Mark, TuneReport};
 
 pub struct Svg;
 
 impl ReportExporter for Svg {
-    fn render(&self, r: &TuneReport) -> String {
+    fn render(&self, r: &TuneReport) -> Result<String, ReportError> {
         let mut out = String::new();
         let rows: Vec<(String, f64, f64, f64, bool)> = r
             .configs
@@ -21,17 +21,18 @@ impl ReportExporter for Svg {
                     s.median,
                     s.min,
                     s.max,
-                    r.winner.as_deref() == Some(c.name.as_str()),
+                    r.mark(c) == Mark::Winner,
                 ))
             })
             .collect();
         {
             let width = 160 + 110 * rows.len().max(1) as u32;
             let root = SVGBackend::with_string(&mut out, (width, 420)).into_drawing_area();
-            let _ = draw(&root, r, &rows);
-            let _ = root.present();
+            draw(&root, r, &rows).map_err(ReportError::Svg)?;
+            root.present()
+                .map_err(|e| ReportError::Svg(e.to_string()))?;
         }
-        out
+        Ok(out)
     }
 }
 

@@ -5,7 +5,7 @@ use crate::tune::{ConfigResult, Trial, TuneReport, finish, new_report};
 fn trial(round: usize, v: f64) -> Trial {
     Trial {
         round,
-        status: "ok".into(),
+        status: crate::tune::TrialStatus::Ok,
         throughput: Some(v),
         wall_s: 2.0,
         cpu_util_pct: 95.0,
@@ -41,10 +41,14 @@ pub fn sample() -> TuneReport {
     r
 }
 
+fn render(f: ReportFormat, r: &TuneReport) -> String {
+    f.exporter().render(r).unwrap()
+}
+
 #[test]
 fn json_round_trips() {
     let r = sample();
-    let text = exporter("json").unwrap().render(&r);
+    let text = render(ReportFormat::Json, &r);
     let back: TuneReport = serde_json::from_str(&text).unwrap();
     assert_eq!(back, r);
     assert_eq!(back.winner.as_deref(), Some("plan"));
@@ -62,29 +66,60 @@ fn json_round_trips() {
 #[test]
 fn snapshots() {
     let r = sample();
-    insta::assert_snapshot!("tune_csv", exporter("csv").unwrap().render(&r));
-    insta::assert_snapshot!("tune_markdown", exporter("markdown").unwrap().render(&r));
+    insta::assert_snapshot!("tune_csv", render(ReportFormat::Csv, &r));
+    insta::assert_snapshot!("tune_markdown", render(ReportFormat::Markdown, &r));
     insta::assert_snapshot!("tune_table", crate::tune::report::render(&r));
 }
 
 #[test]
-fn svg_has_a_bar_per_config() {
-    let svg = exporter("svg").unwrap().render(&sample());
-    assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
-    assert!(svg.contains("threads=1") && svg.contains("plan") && svg.contains("unset"));
-    assert!(svg.matches("<rect").count() >= 4, "background and 3 bars");
+fn every_format_has_its_own_name() {
+    let names: std::collections::BTreeSet<_> = ReportFormat::ALL.iter().map(|f| f.name()).collect();
+    assert_eq!(names.len(), ReportFormat::ALL.len());
+}
+
+/// Names from --config may hold what each format must escape.
+fn hostile() -> TuneReport {
+    let mut r = sample();
+    r.configs[1].name = "a|b, \"c\" <d&e>".into();
+    r.configs[1].options = "x\ny".into();
+    finish(&mut r);
+    r
 }
 
 #[test]
-fn atomic_write_replaces_the_file() {
-    let d = tempfile::tempdir().unwrap();
-    let p = d.path().join("r.json");
-    write(&p, "one").unwrap();
-    write(&p, "two").unwrap();
-    assert_eq!(std::fs::read_to_string(&p).unwrap(), "two");
-    assert_eq!(
-        std::fs::read_dir(d.path()).unwrap().count(),
-        1,
-        "no temporary left"
+fn markdown_escapes_cell_separators() {
+    let md = render(ReportFormat::Markdown, &hostile());
+    let row = md.lines().find(|l| l.contains("a\\|b")).unwrap();
+    // Every row has the header's number of unescaped separators.
+    let cells = |l: &str| l.replace("\\|", "").matches('|').count();
+    assert_eq!(cells(row), cells(md.lines().next().unwrap()), "{row}");
+}
+
+#[test]
+fn csv_quotes_through_the_csv_crate_and_reads_back() {
+    let text = render(ReportFormat::Csv, &hostile());
+    let mut rd = ::csv::Reader::from_reader(text.as_bytes());
+    let rows: Vec<::csv::StringRecord> = rd.records().map(|r| r.unwrap()).collect();
+    assert_eq!(rows.len(), 9);
+    assert!(
+        rows.iter()
+            .any(|r| &r[0] == "a|b, \"c\" <d&e>" && &r[1] == "x\ny")
     );
+}
+
+#[test]
+fn svg_is_valid_xml_with_a_bar_per_config() {
+    let svg = render(ReportFormat::Svg, &hostile());
+    let doc = roxmltree::Document::parse(&svg).expect("valid XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let text: String = doc
+        .descendants()
+        .filter_map(|n| n.text())
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        text.contains("a|b, \"c\" <d&e>") && text.contains("unset"),
+        "{text}"
+    );
+    assert!(svg.matches("<rect").count() >= 4, "background and 3 bars");
 }

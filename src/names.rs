@@ -1,0 +1,52 @@
+//! Enums whose variants each have one user-facing name, written once: the
+//! name list, `name()`, `Display` and `FromStr` all come from the same table,
+//! and the CLI's `ValueEnum` (in cli/) from `ALL` and `name()`. A variant
+//! without a name does not compile.
+
+/// `named_enum! { #[derive(..)] pub enum T ("a thing,") { V => "v", ... } }`
+#[macro_export]
+macro_rules! named_enum {
+    (
+        $(#[$m:meta])*
+        $vis:vis enum $t:ident ($what:literal) {
+            $($(#[$vm:meta])* $v:ident => $name:literal),* $(,)?
+        }
+    ) => {
+        $(#[$m])*
+        $vis enum $t {
+            $($(#[$vm])* $v),*
+        }
+
+        impl $t {
+            /// Every variant, in declaration order.
+            pub const ALL: &'static [$t] = &[$($t::$v),*];
+
+            /// The name users type and read.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($t::$v => $name),*
+                }
+            }
+        }
+
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl std::str::FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                <$t>::ALL
+                    .iter()
+                    .copied()
+                    .find(|v| v.name() == s)
+                    .ok_or_else(|| {
+                        let names: Vec<&str> = <$t>::ALL.iter().map(|v| v.name()).collect();
+                        format!("{s:?}: expected {} one of {}", $what, names.join(", "))
+                    })
+            }
+        }
+    };
+}
