@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::CgroupVersion;
+use super::{CgroupVersion, fsread};
 use crate::cpuset::CpuSet;
 
 /// What the cgroups say about this process.
@@ -27,12 +27,11 @@ struct Mount {
 }
 
 fn read(root: &Path, rel: &str) -> Option<String> {
-    std::fs::read_to_string(join(root, rel)).ok()
+    fsread::read_under(root, rel)
 }
 
-/// `root` + an absolute path from inside the machine.
-fn join(root: &Path, abs: &str) -> PathBuf {
-    root.join(abs.trim_start_matches('/'))
+fn read_file(path: &Path) -> Option<String> {
+    fsread::read_bounded(path, fsread::MAX_SYSFS_FILE).ok()
 }
 
 fn mounts(root: &Path) -> Vec<Mount> {
@@ -77,7 +76,10 @@ fn membership(root: &Path) -> Vec<(Vec<String>, String)> {
 
 /// The directories from `mount/path` up to `mount`, deepest first.
 fn ancestry(root: &Path, mount: &str, path: &str) -> Vec<PathBuf> {
-    let base = join(root, mount);
+    // A mount point with `..` would read outside the root: no directories.
+    let Some(base) = fsread::under(root, mount) else {
+        return vec![];
+    };
     let mut out = vec![];
     let mut rel: Vec<&str> = path
         .split('/')
@@ -100,7 +102,7 @@ fn ancestry(root: &Path, mount: &str, path: &str) -> Vec<PathBuf> {
 fn cpuset_up(dirs: &[PathBuf], files: &[&str]) -> Option<CpuSet> {
     for dir in dirs {
         for f in files {
-            if let Ok(text) = std::fs::read_to_string(dir.join(f))
+            if let Some(text) = read_file(&dir.join(f))
                 && let Ok(set) = CpuSet::parse_list(&text)
                 && !set.is_empty()
             {
@@ -114,7 +116,7 @@ fn cpuset_up(dirs: &[PathBuf], files: &[&str]) -> Option<CpuSet> {
 /// The tightest quota along the path: a parent's limit binds its children too.
 fn quota_up_v2(dirs: &[PathBuf]) -> Option<f64> {
     dirs.iter()
-        .filter_map(|d| std::fs::read_to_string(d.join("cpu.max")).ok())
+        .filter_map(|d| read_file(&d.join("cpu.max")))
         .filter_map(|t| parse_cpu_max(&t))
         .min_by(f64::total_cmp)
 }
@@ -122,8 +124,8 @@ fn quota_up_v2(dirs: &[PathBuf]) -> Option<f64> {
 fn quota_up_v1(dirs: &[PathBuf]) -> Option<f64> {
     dirs.iter()
         .filter_map(|d| {
-            let q = std::fs::read_to_string(d.join("cpu.cfs_quota_us")).ok()?;
-            let p = std::fs::read_to_string(d.join("cpu.cfs_period_us")).ok()?;
+            let q = read_file(&d.join("cpu.cfs_quota_us"))?;
+            let p = read_file(&d.join("cpu.cfs_period_us"))?;
             parse_cfs(&q, &p)
         })
         .min_by(f64::total_cmp)
@@ -176,8 +178,14 @@ pub fn probe(root: &Path) -> CgroupLimits {
         let path = v1_path("cpuset").or(old_cpuset_path.clone());
         if let Some(path) = path {
             let dirs = ancestry(root, &m.point, &path);
-            // v1 keeps the configured set in cpuset.cpus (what hwloc reads too).
-            out.cpuset = cpuset_up(&dirs, &["cpuset.cpus", "cpuset.effective_cpus"]);
+            // v1 keeps the configured set in cpuset.cpus (what hwloc reads
+            // too); mounted with `noprefix`, the files are cpus, effective_cpus.
+            let files: &[&str] = if m.options.iter().any(|o| o == "noprefix") {
+                &["cpus", "effective_cpus"]
+            } else {
+                &["cpuset.cpus", "cpuset.effective_cpus"]
+            };
+            out.cpuset = cpuset_up(&dirs, files);
             if out.cpuset.is_some() {
                 out.version = Some(CgroupVersion::V1);
                 out.path = Some(path);
@@ -262,6 +270,51 @@ mod tests {
         assert_eq!(l.version, Some(CgroupVersion::V2));
         assert_eq!(l.cpuset.unwrap().to_string(), "2-3");
         assert_eq!(l.quota, Some(1.5));
+    }
+
+    fn fake_root(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (p, s) in files {
+            let p = dir.path().join(p);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, s).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn v1_cpuset_mounted_with_noprefix() {
+        let d = fake_root(&[
+            (
+                "proc/mounts",
+                "cgroup /dev/cpuset cgroup rw,relatime,cpuset,noprefix 0 0\n",
+            ),
+            ("proc/self/cgroup", "3:cpuset:/slurm/job1\n"),
+            ("dev/cpuset/slurm/job1/cpus", "4-5\n"),
+            ("dev/cpuset/slurm/job1/mems", "0\n"),
+        ]);
+        let l = probe(d.path());
+        assert_eq!(l.version, Some(CgroupVersion::V1));
+        assert_eq!(l.cpuset.unwrap().to_string(), "4-5");
+    }
+
+    #[test]
+    fn a_mount_point_cannot_leave_the_root() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("cpuset.cpus.effective"), "7\n").unwrap();
+        let name = outside.path().file_name().unwrap().to_str().unwrap();
+        let d = fake_root(&[
+            (
+                "proc/mounts",
+                &format!(
+                    "cgroup2 /../../../../..{} cgroup2 rw 0 0\n",
+                    outside.path().display()
+                ),
+            ),
+            ("proc/self/cgroup", "0::/\n"),
+        ]);
+        assert!(!name.is_empty());
+        assert_eq!(probe(d.path()).cpuset, None);
     }
 
     #[test]

@@ -161,11 +161,10 @@ fn pci_device(n: &Node, t: &mut Topology, online: &CpuSet) -> Result<(), Topolog
         .trim_matches(|c| c == '[' || c == ']');
     let (vendor, device) = ids.split_once(':').unwrap_or(("", ""));
     let vendor_num = u32::from_str_radix(vendor, 16).unwrap_or(0);
-    let is_gpu = matches!(vendor_num, 0x10de | 0x1002) && class >> 8 == 0x03;
-    let is_nic = class >> 8 == 0x02 || (vendor_num == 0x15b3 && class >> 8 != 0x06);
-    if !is_gpu && !is_nic {
+    // hwloc writes class and subclass (0302); sysfs adds the prog-if byte.
+    let Some(kind) = super::classify_pci(vendor_num, class << 8) else {
         return Ok(());
-    }
+    };
     let place = locality(*n);
     let local_cpus = place
         .and_then(|p| cpuset_attr(&p, "cpuset").ok().flatten())
@@ -184,10 +183,9 @@ fn pci_device(n: &Node, t: &mut Topology, online: &CpuSet) -> Result<(), Topolog
         numa_node,
         local_cpus,
     };
-    if is_gpu {
-        t.gpus.push(dev);
-    } else {
-        t.nics.push(dev);
+    match kind {
+        super::PciKind::Gpu => t.gpus.push(dev),
+        super::PciKind::Nic => t.nics.push(dev),
     }
     Ok(())
 }
@@ -242,9 +240,11 @@ fn distances(
 
 /// Read an XML file.
 pub fn load(path: &std::path::Path) -> Result<Topology, TopologyError> {
-    let text = std::fs::read_to_string(path).map_err(|source| TopologyError::Io {
-        path: path.display().to_string(),
-        source,
+    let text = super::fsread::read_bounded(path, super::fsread::MAX_XML_FILE).map_err(|why| {
+        TopologyError::Xml {
+            path: path.display().to_string(),
+            why: format!("cannot read it: {why}"),
+        }
     })?;
     parse(&text, &path.display().to_string())
 }

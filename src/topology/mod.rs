@@ -3,6 +3,7 @@
 //! Nothing here does I/O except through the source modules.
 
 pub mod cgroup;
+pub mod fsread;
 pub mod hwloc_xml;
 pub mod render;
 pub mod synthetic;
@@ -32,6 +33,27 @@ pub enum TopologyError {
     Synthetic { text: String, why: String },
     #[error("CUDA_VISIBLE_DEVICES={value:?}: {why}")]
     VisibleDevices { value: String, why: String },
+}
+
+/// The PCI devices placement cares about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PciKind {
+    Gpu,
+    Nic,
+}
+
+/// NVIDIA and AMD display controllers are GPUs; network controllers and
+/// Mellanox/NVIDIA networking devices (but not their bridges) are NICs.
+/// `class` is sysfs's 24-bit class code (class, subclass, prog-if).
+pub fn classify_pci(vendor: u32, class: u32) -> Option<PciKind> {
+    let base = class >> 16;
+    if matches!(vendor, 0x10de | 0x1002) && base == 0x03 {
+        Some(PciKind::Gpu)
+    } else if base == 0x02 || (vendor == 0x15b3 && base != 0x06) {
+        Some(PciKind::Nic)
+    } else {
+        None
+    }
 }
 
 /// One machine, as far as placement is concerned.

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::{
-    Core, CoreKind, Distances, Group, NumaNode, PciDevice, Topology, TopologyError, cgroup,
+    Core, CoreKind, Distances, Group, NumaNode, PciDevice, Topology, TopologyError, cgroup, fsread,
 };
 use crate::cpuset::CpuSet;
 
@@ -23,7 +23,7 @@ impl Root<'_> {
         self.0.join(rel)
     }
     fn read(&self, rel: &str) -> Option<String> {
-        let text = std::fs::read_to_string(self.path(rel)).ok()?;
+        let text = fsread::read_under(self.0, rel)?;
         Some(
             text.trim_matches(|c: char| c == '\0' || c.is_whitespace())
                 .to_string(),
@@ -109,10 +109,11 @@ fn read_cpu(r: &Root, cpu: usize) -> CpuInfo {
         if kind == "Instruction" {
             continue;
         }
-        let shared = r.list_or_mask(
-            &format!("{d}/shared_cpu_list"),
-            &format!("{d}/shared_cpu_map"),
-        );
+        // The map first, as hwloc reads it: old kernels have no list, and
+        // the two can disagree.
+        let shared = r
+            .mask(&format!("{d}/shared_cpu_map"))
+            .or_else(|| r.list(&format!("{d}/shared_cpu_list")));
         // Some kernels (ia64) leave the map empty: take the cache as the core's.
         let shared = shared.map(|s| {
             if s.is_empty() {
@@ -310,12 +311,8 @@ fn numa(r: &Root, t: &mut Topology) {
             .intersection(&t.online_cpus);
         let memory_bytes = r
             .read(&format!("{d}/meminfo"))
-            .and_then(|m| {
-                m.lines()
-                    .find(|l| l.contains("MemTotal:"))
-                    .and_then(|l| l.split_whitespace().rev().nth(1)?.parse::<u64>().ok())
-            })
-            .map_or(0, |kb| kb * 1024);
+            .and_then(|m| fsread::mem_total_bytes(&m))
+            .unwrap_or(0);
         if let Some(row) = r.read(&format!("{d}/distance")) {
             let row: Vec<u64> = row
                 .split_whitespace()
@@ -342,6 +339,32 @@ fn numa(r: &Root, t: &mut Topology) {
         });
     }
     collapse_buggy_numa(t);
+    one_node_per_cpu(t);
+}
+
+/// A CPU listed in several nodes (overlapping node sets) stays in the most
+/// specific one: the node with the fewest CPUs, the lowest id on a tie. The
+/// planner needs node sets that never overlap.
+fn one_node_per_cpu(t: &mut Topology) {
+    let mut order: Vec<usize> = (0..t.numa_nodes.len()).collect();
+    order.sort_by_key(|&i| (t.numa_nodes[i].cpus.len(), t.numa_nodes[i].id));
+    let mut taken = CpuSet::new();
+    let mut moved = vec![];
+    for i in order {
+        let n = &mut t.numa_nodes[i];
+        let dup = n.cpus.intersection(&taken);
+        if !dup.is_empty() {
+            n.cpus = n.cpus.difference(&dup);
+            moved.push(format!("{dup} (not in node {})", n.id));
+        }
+        taken = taken.union(&n.cpus);
+    }
+    if !moved.is_empty() {
+        t.notes.push(format!(
+            "NUMA nodes list some CPUs twice; each CPU kept in its smallest node: {}",
+            moved.join(", ")
+        ));
+    }
 }
 
 /// Firmware that lists every CPU in every node: one node, and say so.
@@ -381,11 +404,9 @@ fn pci(r: &Root, t: &mut Topology) {
         let (Some(vendor), Some(class)) = (hex("vendor"), hex("class")) else {
             continue;
         };
-        let is_gpu = matches!(vendor, 0x10de | 0x1002) && class >> 16 == 0x03;
-        let is_nic = class >> 16 == 0x02 || (vendor == 0x15b3 && class >> 16 != 0x06);
-        if !is_gpu && !is_nic {
+        let Some(kind) = super::classify_pci(vendor, class) else {
             continue;
-        }
+        };
         let local_cpus = r
             .list_or_mask(&format!("{d}/local_cpulist"), &format!("{d}/local_cpus"))
             .unwrap_or_default()
@@ -403,10 +424,9 @@ fn pci(r: &Root, t: &mut Topology) {
             numa_node,
             local_cpus,
         };
-        if is_gpu {
-            t.gpus.push(dev);
-        } else {
-            t.nics.push(dev);
+        match kind {
+            super::PciKind::Gpu => t.gpus.push(dev),
+            super::PciKind::Nic => t.nics.push(dev),
         }
     }
 }
@@ -465,10 +485,93 @@ pub fn probe(root: &Path, live: bool) -> Result<Topology, TopologyError> {
 
 fn meminfo_total(r: &Root) -> u64 {
     r.read("proc/meminfo")
-        .and_then(|m| {
-            m.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
+        .and_then(|m| fsread::mem_total_bytes(&m))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake_root(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (p, s) in files {
+            let p = dir.path().join(p);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, s).unwrap();
+        }
+        dir
+    }
+
+    /// Four CPUs, two nodes whose lists overlap on CPU 2 (neither contains the
+    /// other), one L3 whose map and list disagree.
+    fn odd_machine() -> tempfile::TempDir {
+        let mut files = vec![
+            ("sys/devices/system/cpu/online", "0-3\n".to_string()),
+            ("sys/devices/system/node/online", "0-1\n".to_string()),
+            ("sys/devices/system/node/node0/cpulist", "0-2\n".to_string()),
+            ("sys/devices/system/node/node1/cpulist", "2-3\n".to_string()),
+        ];
+        let mut paths = vec![];
+        for c in 0..4 {
+            paths.push((
+                format!("sys/devices/system/cpu/cpu{c}/cache/index3/level"),
+                "3\n",
+            ));
+            paths.push((
+                format!("sys/devices/system/cpu/cpu{c}/cache/index3/type"),
+                "Unified\n",
+            ));
+            paths.push((
+                format!("sys/devices/system/cpu/cpu{c}/cache/index3/shared_cpu_map"),
+                "0000000f\n",
+            ));
+            paths.push((
+                format!("sys/devices/system/cpu/cpu{c}/cache/index3/shared_cpu_list"),
+                "0-1\n",
+            ));
+        }
+        for (p, s) in &paths {
+            files.push((p.as_str(), s.to_string()));
+        }
+        let files: Vec<(&str, &str)> = files.iter().map(|(p, s)| (*p, s.as_str())).collect();
+        fake_root(&files)
+    }
+
+    #[test]
+    fn overlapping_nodes_give_each_cpu_one_node() {
+        let d = odd_machine();
+        let t = probe(d.path(), false).unwrap();
+        let sets: Vec<String> = t.numa_nodes.iter().map(|n| n.cpus.to_string()).collect();
+        assert_eq!(sets, ["0-1", "2-3"], "CPU 2 stays in the smaller node 1");
+        assert!(
+            t.notes
+                .iter()
+                .any(|n| n.contains("listed") || n.contains("twice")),
+            "{:?}",
+            t.notes
+        );
+    }
+
+    #[test]
+    fn cache_sharing_comes_from_the_map() {
+        let d = odd_machine();
+        let t = probe(d.path(), false).unwrap();
+        let l3: Vec<String> = t.l3_groups.iter().map(|g| g.cpus.to_string()).collect();
+        assert_eq!(l3, ["0-3"], "shared_cpu_map says all four share the L3");
+    }
+
+    #[test]
+    fn a_fifo_or_huge_file_in_a_dump_is_skipped_not_waited_on() {
+        let d = odd_machine();
+        let fifo = d.path().join("sys/devices/system/node/node1/distance");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let big = "0,".repeat(10 << 20);
+        std::fs::write(d.path().join("sys/devices/system/node/node0/distance"), big).unwrap();
+        let t = probe(d.path(), false).unwrap();
+        assert_eq!(t.numa_nodes.len(), 2);
+        assert!(t.numa_distances.is_none());
+    }
 }
