@@ -81,6 +81,35 @@ fn is_special(ft: &std::fs::FileType) -> bool {
     ft.is_char_device() || ft.is_block_device() || ft.is_fifo() || ft.is_socket()
 }
 
+fn parent(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
+/// Check before any work that `write_output(path)` can succeed: not a
+/// directory, not a link to a regular file, in an existing directory.
+pub fn check_output(path: &Path) -> Result<(), FileError> {
+    match target(path)? {
+        Target::Special => Ok(()),
+        Target::Missing | Target::Regular => {
+            let dir = parent(path);
+            if dir.is_dir() {
+                Ok(())
+            } else {
+                Err(FileError::Io {
+                    path: path.to_path_buf(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!("no directory {}", dir.display()),
+                    ),
+                })
+            }
+        }
+    }
+}
+
 /// Write `bytes` to `path` whole: atomically for a regular file, in place for
 /// a device or FIFO.
 pub fn write_output(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
@@ -93,10 +122,7 @@ pub fn write_output(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
             f.write_all(bytes).and_then(|_| f.flush()).map_err(io(path))
         }
         Target::Missing | Target::Regular => {
-            let dir = match path.parent() {
-                Some(d) if !d.as_os_str().is_empty() => d,
-                _ => Path::new("."),
-            };
+            let dir = parent(path);
             // tempfile: a random name created with O_EXCL, mode 0600.
             let mut tmp = tempfile::Builder::new()
                 .prefix(".threadwise-")

@@ -7,7 +7,7 @@ use std::os::unix::process::CommandExt;
 
 use super::args::{BindCmd, RunCmd};
 use super::topo::{facts, load, request};
-use super::{Exit, Failure, SourceArgs};
+use super::{Exit, Failure, SourceArgs, settings};
 use crate::export::{bind_args, quote, quote_all};
 use crate::launch::env::overridden;
 use crate::launch::output::OutputOptions;
@@ -154,21 +154,6 @@ fn check_bindings(launches: &mut [RankLaunch], allow_unbound: bool) -> Result<()
     }
 }
 
-fn check_run_args(a: &RunCmd, nproc: usize) -> Result<(), Failure> {
-    if let Some(f) = &a.local_ranks_filter
-        && let Some(bad) = f.iter().find(|r| **r >= nproc)
-    {
-        return Err(Failure::usage(
-            format!(
-                "--local-ranks-filter names rank {bad}, but there are {nproc} ranks (0-{})",
-                nproc - 1
-            ),
-            "list local ranks below --nproc-per-node",
-        ));
-    }
-    Ok(())
-}
-
 /// What the user sees at the end, and our exit code.
 fn finish_run(a: &RunCmd, outcome: &supervise::Outcome) -> Result<Exit, Failure> {
     if !a.quiet {
@@ -190,6 +175,7 @@ pub fn run(a: RunCmd) -> Result<Exit, Failure> {
         return Err(LaunchError::NoCommand.into());
     };
     let program = resolve(program)?;
+    settings::check_run(&a)?;
     let req = request(&a.plan);
     let t = live_topology()?;
     let p = match &a.plan_file {
@@ -199,7 +185,7 @@ pub fn run(a: RunCmd) -> Result<Exit, Failure> {
     if a.plan.nnodes > 1 || a.rdzv_endpoint.is_some() {
         return multi_node(&a, &p);
     }
-    check_run_args(&a, p.nproc)?;
+    settings::check_run_plan(&a, p.nproc)?;
     let mut launches = node_launches(&p, &a.command, &a.master_addr, a.master_port)?;
     if a.dry_run {
         return super::emit(&dry_run(&p, &launches));
@@ -243,12 +229,8 @@ fn multi_node(a: &RunCmd, p: &Plan) -> Result<Exit, Failure> {
             "run threadwise by its path",
         )
     })?;
-    let endpoint = a.rdzv_endpoint.clone().ok_or_else(|| {
-        Failure::usage(
-            "--nnodes > 1 needs --rdzv-endpoint HOST:PORT",
-            "every node gives the same endpoint, e.g. node0:29400",
-        )
-    })?;
+    // settings::check_run made sure a multi-node job has its endpoint.
+    let endpoint = a.rdzv_endpoint.clone().unwrap_or_default();
     let mut args: Vec<OsString> = vec![
         "--nnodes".into(),
         a.plan.nnodes.to_string().into(),

@@ -3,6 +3,7 @@
 
 mod args;
 mod launch;
+mod settings;
 mod topo;
 mod tune;
 

@@ -110,3 +110,85 @@ pub fn plan(a: PlanCmd) -> Result<Exit, Failure> {
         .map_err(|e| Failure::usage(e.to_string(), "see threadwise plan --help"))?;
     emit(&text)
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use crate::export::request_args;
+    use crate::plan::{Amount, GpuSelect, MemPolicy, NProc, Policy, Profile};
+
+    fn reparse(args: &[String]) -> PlanRequest {
+        let argv = ["threadwise", "bind"]
+            .into_iter()
+            .map(String::from)
+            .chain(args.iter().cloned())
+            .chain(["--".into(), "true".into()]);
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Bind(b) => request(&b.plan),
+            _ => unreachable!(),
+        }
+    }
+
+    fn requests() -> impl Strategy<Value = PlanRequest> {
+        let amount = prop_oneof![Just(Amount::Auto), (1usize..64).prop_map(Amount::Fixed)];
+        (
+            prop_oneof![
+                Just(NProc::Auto),
+                Just(NProc::Gpu),
+                (1usize..64).prop_map(NProc::Count)
+            ],
+            prop_oneof![
+                Just(GpuSelect::Auto),
+                Just(GpuSelect::None),
+                Just(GpuSelect::List(vec![1, 0, 3]))
+            ],
+            proptest::sample::select(Policy::ALL),
+            proptest::sample::select(MemPolicy::ALL),
+            proptest::sample::select(AllocatorChoice::ALL),
+            proptest::sample::select(Profile::ALL),
+            (amount.clone(), amount),
+            (any::<[bool; 4]>(), 1usize..8),
+        )
+            .prop_map(
+                |(
+                    nproc,
+                    gpus,
+                    policy,
+                    mem,
+                    allocator,
+                    profile,
+                    (threads, workers),
+                    (b, nnodes),
+                )| {
+                    PlanRequest {
+                        nproc,
+                        gpus,
+                        policy,
+                        smt: b[0],
+                        threads,
+                        workers,
+                        mem,
+                        allocator,
+                        profile,
+                        amp: b[1],
+                        nnodes,
+                        oversubscribe: b[2],
+                        omp_bind: b[3],
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        /// bind and multi-node runs rebuild the plan from these options on
+        /// every rank: they must mean exactly the request they came from.
+        #[test]
+        fn request_args_reparse_to_the_same_request(req in requests()) {
+            prop_assert_eq!(reparse(&request_args(&req)), req);
+        }
+    }
+}

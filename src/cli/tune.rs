@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::args::TuneCmd;
 use super::topo::{load, request};
-use super::{Exit, Failure, SourceArgs, emit};
+use super::{Exit, Failure, SourceArgs, emit, settings};
 use crate::files::write_output;
 use crate::measure::gpu::GpuSampler;
 use crate::plan::{self, Facts, Plan};
@@ -158,6 +158,7 @@ fn save_winner(path: &std::path::Path, plan: Option<Plan>) -> Result<(), Failure
 }
 
 pub fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
+    settings::check_tune(&a)?;
     let metric = Metric::new(a.metric.as_deref())
         .map_err(|e| Failure::usage(e.to_string(), "e.g. --metric 'speed: ([0-9.]+)'"))?;
     let topo = load(&SourceArgs::default())?;

@@ -240,6 +240,7 @@ pub fn probe(root: &Path) -> CgroupLimits {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::topology::fsread::fake_root;
 
     #[test]
     fn quota_forms() {
@@ -254,32 +255,17 @@ mod tests {
 
     #[test]
     fn v2_cpuset_and_quota_from_a_fake_root() {
-        let dir = tempfile::tempdir().unwrap();
-        let r = dir.path();
-        let w = |p: &str, s: &str| {
-            let p = r.join(p);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, s).unwrap();
-        };
-        w("proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n");
-        w("proc/self/cgroup", "0::/job/step\n");
-        w("sys/fs/cgroup/job/cpuset.cpus.effective", "2-3\n");
-        w("sys/fs/cgroup/job/cpu.max", "150000 100000\n");
-        w("sys/fs/cgroup/job/step/cpu.max", "max 100000\n");
-        let l = probe(r);
+        let dir = fake_root(&[
+            ("proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n"),
+            ("proc/self/cgroup", "0::/job/step\n"),
+            ("sys/fs/cgroup/job/cpuset.cpus.effective", "2-3\n"),
+            ("sys/fs/cgroup/job/cpu.max", "150000 100000\n"),
+            ("sys/fs/cgroup/job/step/cpu.max", "max 100000\n"),
+        ]);
+        let l = probe(dir.path());
         assert_eq!(l.version, Some(CgroupVersion::V2));
         assert_eq!(l.cpuset.unwrap().to_string(), "2-3");
         assert_eq!(l.quota, Some(1.5));
-    }
-
-    fn fake_root(files: &[(&str, &str)]) -> tempfile::TempDir {
-        let dir = tempfile::tempdir().unwrap();
-        for (p, s) in files {
-            let p = dir.path().join(p);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, s).unwrap();
-        }
-        dir
     }
 
     #[test]

@@ -67,6 +67,18 @@ pub fn mem_total_bytes(meminfo: &str) -> Option<u64> {
     kib.checked_mul(1024)
 }
 
+/// A directory holding `files` (path below it, content): a fake root for tests.
+#[cfg(test)]
+pub fn fake_root(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (p, s) in files {
+        let p = dir.path().join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, s).unwrap();
+    }
+    dir
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

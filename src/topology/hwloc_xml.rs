@@ -240,11 +240,17 @@ fn distances(
 
 /// Read an XML file.
 pub fn load(path: &std::path::Path) -> Result<Topology, TopologyError> {
-    let text = super::fsread::read_bounded(path, super::fsread::MAX_XML_FILE).map_err(|why| {
-        TopologyError::Xml {
-            path: path.display().to_string(),
+    use super::fsread::{MAX_XML_FILE, ReadError, read_bounded};
+    let shown = path.display().to_string();
+    let text = read_bounded(path, MAX_XML_FILE).map_err(|e| match e {
+        ReadError::Io(source) => TopologyError::Io {
+            path: shown.clone(),
+            source,
+        },
+        why => TopologyError::Xml {
+            path: shown.clone(),
             why: format!("cannot read it: {why}"),
-        }
+        },
     })?;
     parse(&text, &path.display().to_string())
 }

@@ -492,16 +492,7 @@ fn meminfo_total(r: &Root) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fake_root(files: &[(&str, &str)]) -> tempfile::TempDir {
-        let dir = tempfile::tempdir().unwrap();
-        for (p, s) in files {
-            let p = dir.path().join(p);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, s).unwrap();
-        }
-        dir
-    }
+    use crate::topology::fsread::fake_root;
 
     /// Four CPUs, two nodes whose lists overlap on CPU 2 (neither contains the
     /// other), one L3 whose map and list disagree.

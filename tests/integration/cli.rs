@@ -39,6 +39,29 @@ fn impossible_requests_name_what_is_short() {
         &["GPU 3 does not exist: 0 GPUs are visible"],
     );
     fails(&with(&s, &["-n", "gpu"]), 2, &["no GPU is visible"]);
+    fails(&with(&s, &["-n", "1000000000"]), 2, &["at most 65536"]);
+    fails(
+        &with(&s, &["-n", "18446744073709551615"]),
+        2,
+        &["at most 65536"],
+    );
+    fails(
+        &with(&s, &["--threads", "18446744073709551615"]),
+        2,
+        &["at most 65536"],
+    );
+    fails(&with(&s, &["--gpus", ""]), 2, &["an empty list"]);
+    // Files that are not topologies: refused at once, never read forever.
+    fails(
+        &["topo", "--topology", "/dev/zero"],
+        3,
+        &["not a regular file"],
+    );
+    fails(
+        &["topo", "--topology", "/dev/urandom"],
+        3,
+        &["not a regular file"],
+    );
     fails(
         &["plan", "--synthetic", "core:4 gpu:2", "-n", "3"],
         2,
@@ -211,6 +234,68 @@ fn topo_human_view_of_this_machine() {
     assert!(text.starts_with("machine: "), "{text}");
     assert!(text.contains("numa node 0: cpus "), "{text}");
     assert!(text.contains("allowed: "), "{text}");
+    // Every allowed core of this machine is drawn, as [cpus].
+    let t: serde_json::Value = serde_json::from_slice(
+        &threadwise()
+            .args(["topo", "--json"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    for c in t["cores"].as_array().unwrap() {
+        let cell = format!("[{}]", c["cpus"].as_str().unwrap());
+        assert!(text.contains(&cell), "{cell} missing:\n{text}");
+    }
+}
+
+/// The whole tree, on machines that do not change: a DGX-like server with a
+/// cpuset and quota, and a hybrid CPU with an idle core outside the cpuset.
+#[test]
+fn topo_human_view_snapshots() {
+    let view = |desc: &str| {
+        let out = threadwise()
+            .args(["topo", "--synthetic", desc])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    insta::assert_snapshot!(
+        "topo_dgx",
+        view("package:2 numa:4 l3:4 core:4 pu:2 gpu-nodes:3,3,1,1,7,7,5,5 nic:4 mem:64G")
+    );
+    insta::assert_snapshot!(
+        "topo_small_limited",
+        view("package:1 numa:2 core:4 pu:2 allowed:0-5 quota:2.5")
+    );
+}
+
+#[test]
+fn completions_and_man_page_come_from_the_cli() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = threadwise().args(["completions", shell]).output().unwrap();
+        assert!(out.status.success());
+        let s = String::from_utf8(out.stdout).unwrap();
+        for word in ["tune", "nproc-per-node", "export-json", "policy"] {
+            assert!(s.contains(word), "{shell} completion lacks {word}");
+        }
+    }
+    let out = threadwise().arg("man").output().unwrap();
+    assert!(out.status.success());
+    let man = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        man.starts_with(".ie") || man.contains(".TH threadwise"),
+        "{}",
+        &man[..200]
+    );
+    assert!(man.contains("topo") && man.contains("bind"));
+    let out = threadwise().args(["completions", "tcsh"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
 }
 
 #[test]

@@ -435,29 +435,61 @@ fn torchrun_spellings_are_accepted() {
 
 #[test]
 fn clear_errors_and_nothing_started() {
+    let d = tempfile::tempdir().unwrap();
+    let marker = d.path().join("started");
+    let touch = format!("touch {}", marker.display());
+    // Each bad launch: its exit code, what stderr must name, and no rank ran.
+    let refused = |args: &[&str], code: i32, needle: &str| {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--", "sh", "-c", &touch]);
+        let (out, _) = run(&all);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains(needle),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(!marker.exists(), "{args:?} started a rank");
+    };
     let (out, _) = run(&["-n", "2", "--", "no-such-program-xyz"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("command not found: no-such-program-xyz"));
     let (out, _) = run(&["-n", "2"]);
     assert_eq!(out.status.code(), Some(2));
-    let (out, _) = run(&["-n", "4096", "--", "true"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("4096 ranks need 4096 physical cores"));
-    let (out, _) = run(&["-n", "1", "--log-dir", "/proc/forbidden", "--", "true"]);
-    assert_eq!(out.status.code(), Some(3));
-    assert!(text(&out.stderr).contains("cannot create log directory /proc/forbidden"));
-    let (out, _) = run(&[
-        "--nnodes",
-        "2",
-        "--rdzv-endpoint",
-        "127.0.0.1:29400",
-        "--torchrun",
-        "/nonexistent/torchrun",
-        "--",
-        "true",
-    ]);
-    assert_eq!(out.status.code(), Some(3));
-    assert!(text(&out.stderr).contains("multi-node runs go through torchrun"));
+    refused(&["-n", "4096"], 2, "4096 ranks need 4096 physical cores");
+    refused(&["-n", "0"], 2, "0 ranks");
+    refused(&["-n", "18446744073709551615"], 2, "at most");
+    refused(&["--grace", "1e300"], 2, "give seconds from");
+    refused(&["--gpus", ""], 2, "an empty list");
+    refused(
+        &["-n", "1", "--log-dir", "/proc/forbidden"],
+        3,
+        "cannot create log directory /proc/forbidden",
+    );
+    refused(&["-n", "2", "--local-ranks-filter", "5"], 2, "names rank 5");
+    refused(&["--nnodes", "2"], 2, "--nnodes 2 needs --rdzv-endpoint");
+    refused(
+        &["--nnodes", "2", "--rdzv-endpoint", "node0"],
+        2,
+        "expected HOST:PORT",
+    );
+    refused(
+        &[
+            "--nnodes",
+            "2",
+            "--rdzv-endpoint",
+            "127.0.0.1:29400",
+            "--torchrun",
+            "/nonexistent/torchrun",
+        ],
+        3,
+        "multi-node runs go through torchrun",
+    );
 }
 
 #[test]
