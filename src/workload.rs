@@ -8,6 +8,12 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+/// The workload's size limits, shared by its own options and `tune --work-*`.
+pub const MAX_SIZE: u64 = 8192;
+pub const MAX_BATCH: u64 = 4096;
+pub const MAX_LAYERS: u64 = 10_000;
+pub const MAX_LOADER_WORK: u64 = 1_000_000;
+
 /// One rank's place in the job, from the torchrun variables.
 #[derive(Debug, Clone)]
 pub struct Peer {

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use threadwise::workload::{Group, Peer};
+use threadwise::workload::{Group, MAX_BATCH, MAX_LAYERS, MAX_LOADER_WORK, MAX_SIZE, Peer};
 
 unsafe extern "C" {
     fn tw_forward(w: *const f32, x: *mut f32, y: *mut f32, n: i32, batch: i32, regions: i32)
@@ -60,14 +60,17 @@ fn parse() -> Result<Args, String> {
             other => return Err(format!("unknown option {other:?}; usage: {USAGE}")),
         }
     }
-    if a.size == 0
-        || a.batch == 0
-        || a.size > 8192
-        || a.batch > 4096
-        || a.layers > 10_000
-        || a.grad_kib > 1 << 20
+    let within = |v: usize, lo: u64, hi: u64| (lo..=hi).contains(&(v as u64));
+    if !(within(a.size, 1, MAX_SIZE)
+        && within(a.batch, 1, MAX_BATCH)
+        && within(a.layers, 1, MAX_LAYERS)
+        && within(a.loader_work, 0, MAX_LOADER_WORK)
+        && within(a.grad_kib, 0, 1 << 20))
     {
-        return Err("sizes out of range (1 <= size <= 8192, 1 <= batch <= 4096, layers <= 10000, grad-kib <= 1048576)".into());
+        return Err(format!(
+            "sizes out of range (1 <= size <= {MAX_SIZE}, 1 <= batch <= {MAX_BATCH}, \
+             1 <= layers <= {MAX_LAYERS}, loader-work <= {MAX_LOADER_WORK}, grad-kib <= 1048576)"
+        ));
     }
     Ok(a)
 }

@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::export::PlanFormat;
 use crate::plan::{AllocatorChoice, Amount, GpuSelect, MemPolicy, NProc, Policy, Profile};
 use crate::tune::Strategy;
+use crate::workload;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -334,16 +335,16 @@ pub struct TuneCmd {
     #[arg(long, default_value = "1.5", value_name = "SECS", value_parser = parse_work_seconds)]
     pub work_seconds: Duration,
     /// Built-in workload: layer width
-    #[arg(long, default_value_t = 192, value_parser = clap::value_parser!(u64).range(1..=8192).map(|v| v as usize))]
+    #[arg(long, default_value_t = 192, value_parser = clap::value_parser!(u64).range(1..=workload::MAX_SIZE).map(|v| v as usize))]
     pub work_size: usize,
     /// Built-in workload: samples per step per rank
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=4096).map(|v| v as usize))]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=workload::MAX_BATCH).map(|v| v as usize))]
     pub work_batch: usize,
     /// Built-in workload: parallel regions (layers) per step
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=256).map(|v| v as usize))]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=workload::MAX_LAYERS).map(|v| v as usize))]
     pub work_layers: usize,
     /// Built-in workload: per-element work of a data-loader thread per rank (0: none)
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000).map(|v| v as usize))]
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=workload::MAX_LOADER_WORK).map(|v| v as usize))]
     pub work_loader: usize,
     /// Your training command (default: the built-in workload)
     #[arg(last = true, value_name = "CMD")]
