@@ -50,3 +50,22 @@ macro_rules! named_enum {
         }
     };
 }
+
+/// `eprintln!` that never panics: a closed stderr (`2>&1 | head`) is not a
+/// reason to turn a rank's exit code into a panic's.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `eprint!` of a whole text, never panicking.
+#[macro_export]
+macro_rules! say_text {
+    ($text:expr) => {{
+        use std::io::Write as _;
+        let _ = std::io::stderr().write_all(AsRef::<[u8]>::as_ref(&$text));
+    }};
+}

@@ -76,7 +76,7 @@ fn parse() -> Result<Args, String> {
 }
 
 fn fail(code: i32, msg: String) -> ! {
-    eprintln!("threadwise-workload: {msg}");
+    threadwise::say!("threadwise-workload: {msg}");
     std::process::exit(code)
 }
 
@@ -92,9 +92,10 @@ fn main() {
     let mut grad = vec![0f32; a.grad_kib * 256];
     // SAFETY: a C function without arguments.
     let threads = unsafe { tw_max_threads() };
-    eprintln!(
+    threadwise::say!(
         "rank {}/{}: {threads} OpenMP thread(s)",
-        peer.rank, peer.world
+        peer.rank,
+        peer.world
     );
     let mut group = Group::join(&peer, Duration::from_secs(60))
         .unwrap_or_else(|e| fail(3, format!("rank {}: {e}", peer.rank)));

@@ -21,7 +21,10 @@ use crate::topology::Topology;
 impl From<LaunchError> for Failure {
     fn from(e: LaunchError) -> Self {
         let code = match e {
-            LaunchError::Placement { .. } | LaunchError::LogDir { .. } | LaunchError::Port(_) => 3,
+            LaunchError::Placement { .. }
+            | LaunchError::LogDir { .. }
+            | LaunchError::LogFile { .. }
+            | LaunchError::Port(_) => 3,
             _ => 2,
         };
         Failure {
@@ -44,7 +47,7 @@ fn note_overrides(l: &RankLaunch) {
             .iter()
             .map(|(k, old, new)| format!("{k}={old} -> {new}"))
             .collect();
-        eprintln!(
+        crate::say!(
             "threadwise: the plan replaces variables from your environment: {} (--threads/--workers set the plan's own)",
             list.join(", ")
         );
@@ -144,7 +147,7 @@ fn check_bindings(launches: &mut [RankLaunch], allow_unbound: bool) -> Result<()
     match check_placements(launches) {
         Ok(()) => Ok(()),
         Err(e) if allow_unbound => {
-            eprintln!("threadwise: warning: ranks run unbound ({e})");
+            crate::say!("threadwise: warning: ranks run unbound ({e})");
             for l in launches {
                 l.placement = Default::default();
             }
@@ -157,17 +160,30 @@ fn check_bindings(launches: &mut [RankLaunch], allow_unbound: bool) -> Result<()
 /// What the user sees at the end, and our exit code.
 fn finish_run(a: &RunCmd, outcome: &supervise::Outcome) -> Result<Exit, Failure> {
     if !a.quiet {
-        eprint!("{}", supervise::summary(outcome));
+        crate::say_text!(supervise::summary(outcome));
     }
     if let Some(report) = supervise::failure_report(outcome) {
-        eprint!("{report}");
+        crate::say_text!(report);
     } else if let Some(sig) = outcome.signal {
-        eprintln!("threadwise: stopped by {}", crate::os::signal_name(sig));
+        crate::say!("threadwise: stopped by {}", crate::os::signal_name(sig));
+    }
+    if outcome.split_lines {
+        crate::say!(
+            "threadwise: a line longer than {} MiB was shown in pieces (the log files keep it whole)",
+            crate::launch::output::MAX_LINE >> 20
+        );
     }
     if let Some(dir) = &a.log_dir {
-        eprintln!("threadwise: logs in {}", dir.display());
+        crate::say!("threadwise: logs in {}", dir.display());
     }
-    Ok(Exit(outcome.code()))
+    for (file, why) in &outcome.log_errors {
+        crate::say!("threadwise: error: the log {file} is incomplete: {why}");
+    }
+    // Ranks that succeeded with logs lost still make a failed run: exit 3.
+    Ok(match outcome.code() {
+        0 if !outcome.log_errors.is_empty() => Exit(3),
+        code => Exit(code),
+    })
 }
 
 pub fn run(a: RunCmd) -> Result<Exit, Failure> {
@@ -202,11 +218,14 @@ pub fn run(a: RunCmd) -> Result<Exit, Failure> {
         output: OutputOptions {
             prefix: !a.no_prefix,
             show: a.local_ranks_filter.clone(),
-            capture: None,
+            sink: None,
         },
         timeout: None,
         log_dir: a.log_dir.clone(),
     };
+    if let Some(w) = a.log_dir.as_deref().and_then(settings::log_dir_warning) {
+        crate::say!("threadwise: warning: {w}");
+    }
     let outcome = supervise::run(&launches, &opts)?;
     finish_run(&a, &outcome)
 }

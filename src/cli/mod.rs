@@ -112,9 +112,9 @@ pub fn main() -> i32 {
     match result {
         Ok(Exit(code)) => code,
         Err(f) => {
-            eprintln!("error: {}", f.message);
+            crate::say!("error: {}", f.message);
             if let Some(h) = f.hint {
-                eprintln!("hint: {h}");
+                crate::say!("hint: {h}");
             }
             f.code
         }

@@ -71,3 +71,28 @@ pub fn check_tune(a: &TuneCmd) -> Result<(), Failure> {
     }
     Ok(())
 }
+
+/// A warning when others may write in the log directory: they could plant
+/// files where rank logs go (links are never followed, but a file of theirs
+/// would be overwritten by root).
+pub fn log_dir_warning(dir: &std::path::Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(dir).ok()?;
+    // SAFETY: plain syscall.
+    let me = unsafe { libc::geteuid() };
+    if m.mode() & 0o002 != 0 {
+        Some(format!(
+            "--log-dir {}: other users may write in it (mode {:o}); give a directory of your own",
+            dir.display(),
+            m.mode() & 0o7777
+        ))
+    } else if m.uid() != me && m.uid() != 0 {
+        Some(format!(
+            "--log-dir {}: owned by uid {}, not by you (uid {me}); its owner controls the files",
+            dir.display(),
+            m.uid()
+        ))
+    } else {
+        None
+    }
+}

@@ -144,13 +144,13 @@ fn progress_bar() -> ProgressBar {
 
 fn save_winner(path: &std::path::Path, plan: Option<Plan>) -> Result<(), Failure> {
     let Some(p) = plan else {
-        eprintln!("threadwise: no winner, so no plan saved");
+        crate::say!("threadwise: no winner, so no plan saved");
         return Ok(());
     };
     let text = serde_json::to_string_pretty(&p)
         .map_err(|e| Failure::env(e.to_string(), "report this bug"))?;
     write_output(path, (text + "\n").as_bytes())?;
-    eprintln!(
+    crate::say!(
         "threadwise: saved the winner's plan to {0} (threadwise run --plan {0} -- CMD)",
         path.display()
     );
@@ -223,7 +223,7 @@ pub fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
     }
     emit(&crate::tune::report::render(&report))?;
     for (_, p) in &files {
-        eprintln!("threadwise: wrote {}", p.display());
+        crate::say!("threadwise: wrote {}", p.display());
     }
     if let Some(path) = &a.save_plan {
         save_winner(path, winner_plan(&configs, &report, &topo, &facts))?;

@@ -25,7 +25,7 @@ pub fn exec_rank(r: &RankLaunch, allow_unbound: bool) -> LaunchError {
                 source,
             };
         }
-        eprintln!(
+        crate::say!(
             "threadwise: warning: rank {} runs unbound ({what} refused: {source})",
             r.local_rank
         );

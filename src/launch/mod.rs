@@ -45,6 +45,8 @@ pub enum LaunchError {
         path: String,
         source: std::io::Error,
     },
+    #[error("cannot open log file {path}: {why}")]
+    LogFile { path: String, why: String },
     #[error("{0}")]
     Launcher(String),
     #[error("cannot find a free port for MASTER_PORT: {0}")]
@@ -76,6 +78,9 @@ impl LaunchError {
                 "check the command and its permissions"
             }
             LaunchError::LogDir { .. } => "give --log-dir a writable directory",
+            LaunchError::LogFile { .. } => {
+                "remove what is at that name (threadwise does not write through links), or give another --log-dir"
+            }
             LaunchError::Port(_) => "give --master-port",
             LaunchError::Launcher(_) => {
                 "run under torchrun, srun, mpirun (Open MPI, MPICH, Intel MPI, MVAPICH) or Cray PALS, \

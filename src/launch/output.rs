@@ -1,19 +1,30 @@
 //! Rank output: each rank's stdout and stderr are read concurrently (a full
-//! pipe never blocks a rank) and written line by line with a `[rank K]` prefix,
-//! a whole line per write under one lock, so no rank's line is cut by another's.
-//! The final unterminated line is kept. With a log directory, every byte is
-//! also written to `rank-K.stdout` / `rank-K.stderr` as it arrives.
+//! pipe never blocks a rank) in 64 KiB chunks. On the terminal, every write
+//! holds whole lines only, under one lock, so no rank's line is cut by
+//! another's; with `[rank K] ` prefixes (the default) each line and each
+//! carriage-return update (tqdm) gets the prefix, and a line that already
+//! carries torch's own `[rankK]:` prefix is left as it is. Without prefixes
+//! the bytes pass unchanged. A line is kept whole up to `MAX_LINE`; a longer
+//! one is passed on in `MAX_LINE` pieces (each written whole) and said once.
+//! With a log directory every byte also goes to `rank-K.stdout|stderr`,
+//! byte-exact and buffered; a failed log write is kept and reported at the end.
+//! When our own stdout or stderr closes (`| head`), copying that stream stops
+//! and the rank's pipe is closed, so the rank gets EPIPE/SIGPIPE as it would
+//! without us; a write of ours never panics.
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufWriter, Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-/// Lines longer than this are passed on in pieces.
-const MAX_LINE: usize = 1 << 20;
+/// Lines up to this long are written whole; longer ones in pieces of it.
+pub const MAX_LINE: usize = 8 << 20;
 /// Stderr lines kept per rank for the failure report.
 pub const TAIL_LINES: usize = 20;
+/// A tail line is cut to this many bytes (the report wants context, not 8 MiB).
+const TAIL_LINE_BYTES: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stream {
@@ -21,122 +32,374 @@ pub enum Stream {
     Stderr,
 }
 
+/// Called with (local rank, line without its terminator) for every line of
+/// every rank, as it arrives: tune parses its metric here instead of keeping
+/// the output.
+pub type LineSink = Arc<dyn Fn(usize, &str) + Send + Sync>;
+
 /// How output is shown.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct OutputOptions {
     pub prefix: bool,
     /// Ranks whose output is shown on the terminal (None: all).
     pub show: Option<Vec<usize>>,
-    /// Also keep every line (stdout and stderr, all ranks) here.
-    pub capture: Option<Arc<Mutex<Vec<String>>>>,
+    /// Also give every line to this sink.
+    pub sink: Option<LineSink>,
+}
+
+impl std::fmt::Debug for OutputOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutputOptions")
+            .field("prefix", &self.prefix)
+            .field("show", &self.show)
+            .field("sink", &self.sink.is_some())
+            .finish()
+    }
 }
 
 /// The last stderr lines of one rank.
 pub type Tail = Arc<Mutex<VecDeque<String>>>;
 
-/// Start a thread that copies one pipe to our stdout or stderr.
+/// What went wrong with the output while the ranks ran, for the end report.
+#[derive(Debug, Default)]
+pub struct OutputState {
+    /// Set when our stdout / stderr was closed by the reader.
+    pub stdout_closed: AtomicBool,
+    pub stderr_closed: AtomicBool,
+    /// Log files that could not be written whole: (file, error).
+    pub log_errors: Mutex<Vec<(String, String)>>,
+    /// A line over MAX_LINE was passed on in pieces.
+    pub split_lines: AtomicBool,
+}
+
+impl OutputState {
+    fn closed(&self, s: Stream) -> &AtomicBool {
+        match s {
+            Stream::Stdout => &self.stdout_closed,
+            Stream::Stderr => &self.stderr_closed,
+        }
+    }
+}
+
+/// One pipe's copy to the terminal, the log and the sink.
+struct Pump {
+    rank: usize,
+    stream: Stream,
+    show: bool,
+    prefix: Option<Vec<u8>>,
+    /// torch's own per-rank prefix, which makes ours redundant.
+    torch_prefix: Vec<u8>,
+    log: Option<(BufWriter<File>, String)>,
+    sink: Option<LineSink>,
+    tail: Option<Tail>,
+    state: Arc<OutputState>,
+    /// Bytes of the current, unterminated line (terminal side).
+    pending: Vec<u8>,
+    /// The terminal output is at the start of a line.
+    at_start: bool,
+}
+
+impl Pump {
+    fn log(&mut self, bytes: &[u8]) {
+        if let Some((f, name)) = &mut self.log
+            && let Err(e) = f.write_all(bytes)
+        {
+            self.state
+                .log_errors
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((name.clone(), e.to_string()));
+            self.log = None;
+        }
+    }
+
+    /// A finished line (without terminator) for the sink and the tail.
+    fn line_done(&self, line: &[u8]) {
+        if self.sink.is_none() && self.tail.is_none() {
+            return;
+        }
+        let text = String::from_utf8_lossy(line);
+        let text = text.trim_end_matches(['\r', '\n']);
+        if let Some(s) = &self.sink {
+            s(self.rank, text);
+        }
+        if let Some(t) = &self.tail {
+            let mut cut = text.len().min(TAIL_LINE_BYTES);
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
+            if t.len() == TAIL_LINES {
+                t.pop_front();
+            }
+            t.push_back(text[..cut].to_string());
+        }
+    }
+
+    /// Append one segment (ending in its terminator, or not at EOF) to `out`.
+    fn render(&mut self, seg: &[u8], out: &mut Vec<u8>) {
+        if let Some(p) = &self.prefix
+            && self.at_start
+            && !seg.starts_with(&self.torch_prefix)
+        {
+            out.extend_from_slice(p);
+        }
+        out.extend_from_slice(seg);
+        self.at_start = matches!(seg.last(), Some(b'\n' | b'\r'));
+    }
+
+    /// Where the next terminal segment ends in `buf`: after '\n', after a
+    /// '\r' not followed by '\n' (with prefixes), or None to wait for more.
+    fn segment_end(&self, buf: &[u8]) -> Option<usize> {
+        let cr = self.prefix.is_some();
+        let mut i = 0;
+        while i < buf.len() {
+            match buf[i] {
+                b'\n' => return Some(i + 1),
+                b'\r' if cr => match buf.get(i + 1) {
+                    Some(b'\n') => return Some(i + 2),
+                    Some(_) => return Some(i + 1),
+                    None => return None,
+                },
+                _ => {}
+            }
+            i += 1;
+        }
+        None
+    }
+
+    /// Copy a chunk: log it, then show every whole segment in one write.
+    fn chunk(&mut self, data: &[u8]) {
+        self.log(data);
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.extend_from_slice(data);
+        let mut out = Vec::new();
+        let start = if self.prefix.is_none() && self.sink.is_none() && self.tail.is_none() {
+            // Plain copy: everything up to the last newline, in one piece.
+            let end = pending
+                .iter()
+                .rposition(|b| *b == b'\n')
+                .map_or(0, |i| i + 1);
+            if self.show {
+                out.extend_from_slice(&pending[..end]);
+            }
+            end
+        } else {
+            out.reserve(pending.len() + 64);
+            let mut start = 0;
+            while let Some(n) = self.segment_end(&pending[start..]) {
+                let seg = &pending[start..start + n];
+                if seg.ends_with(b"\n") {
+                    self.line_done(seg);
+                }
+                if self.show {
+                    self.render(seg, &mut out);
+                }
+                start += n;
+            }
+            start
+        };
+        pending.drain(..start);
+        self.pending = pending;
+        if self.pending.len() >= MAX_LINE {
+            // Too long to hold: pass this piece on whole, and say so once.
+            let piece = std::mem::take(&mut self.pending);
+            self.state.split_lines.store(true, Ordering::Relaxed);
+            if self.show {
+                self.render(&piece, &mut out);
+            }
+        }
+        self.show_bytes(&out);
+    }
+
+    /// The end of the pipe: the last unterminated line.
+    fn finish(&mut self) {
+        let rest = std::mem::take(&mut self.pending);
+        if !rest.is_empty() {
+            self.line_done(&rest);
+        }
+        let mut out = vec![];
+        if self.show && !rest.is_empty() {
+            self.render(&rest, &mut out);
+        }
+        // With prefixes, the next rank's line must start on a line of its own.
+        if self.prefix.is_some() && !self.at_start && self.show {
+            out.push(b'\n');
+        }
+        self.show_bytes(&out);
+        if let Some((f, name)) = &mut self.log
+            && let Err(e) = f.flush()
+        {
+            self.state
+                .log_errors
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((name.clone(), e.to_string()));
+        }
+    }
+
+    fn show_bytes(&mut self, out: &[u8]) {
+        if out.is_empty() || !self.show {
+            return;
+        }
+        let closed = self.state.closed(self.stream);
+        if closed.load(Ordering::Relaxed) {
+            self.show = false;
+            return;
+        }
+        let r = match self.stream {
+            Stream::Stdout => {
+                let mut o = std::io::stdout().lock();
+                o.write_all(out).and_then(|_| o.flush())
+            }
+            Stream::Stderr => std::io::stderr().lock().write_all(out),
+        };
+        if let Err(e) = r
+            && e.kind() == std::io::ErrorKind::BrokenPipe
+        {
+            closed.store(true, Ordering::Relaxed);
+            self.show = false;
+        }
+    }
+
+    /// Keep reading while anything still wants the bytes.
+    fn wanted(&self) -> bool {
+        self.show || self.log.is_some() || self.sink.is_some() || self.tail.is_some()
+    }
+}
+
+/// Start a thread that copies one pipe to our stdout or stderr (and the log).
 pub fn pump(
     rank: usize,
     stream: Stream,
-    pipe: impl Read + Send + 'static,
-    log: Option<File>,
+    mut pipe: impl Read + Send + 'static,
+    log: Option<(File, String)>,
     opts: &OutputOptions,
     tail: Option<Tail>,
+    state: Arc<OutputState>,
 ) -> JoinHandle<()> {
-    let show = opts.show.as_ref().is_none_or(|s| s.contains(&rank));
-    let prefix = if opts.prefix {
-        format!("[rank {rank}] ")
-    } else {
-        String::new()
+    let mut p = Pump {
+        rank,
+        stream,
+        show: opts.show.as_ref().is_none_or(|s| s.contains(&rank)),
+        prefix: opts.prefix.then(|| format!("[rank {rank}] ").into_bytes()),
+        torch_prefix: format!("[rank{rank}]:").into_bytes(),
+        log: log.map(|(f, name)| (BufWriter::with_capacity(256 * 1024, f), name)),
+        sink: opts.sink.clone(),
+        tail,
+        state,
+        pending: Vec::new(),
+        at_start: true,
     };
-    let capture = opts.capture.clone();
     // A small stack: the thread only copies bytes, and 2 threads per rank add up.
-    let builder = std::thread::Builder::new().stack_size(64 * 1024);
+    let builder = std::thread::Builder::new().stack_size(128 * 1024);
     let spawned = builder.spawn(move || {
-        let mut reader = BufReader::with_capacity(64 * 1024, pipe);
-        let mut log = log;
-        let mut line = Vec::with_capacity(256);
+        let mut buf = vec![0u8; 64 * 1024];
         loop {
-            line.clear();
-            let n = match read_line(&mut reader, &mut line) {
-                Ok(0) | Err(_) => break,
+            let n = match pipe.read(&mut buf) {
+                Ok(0) => break,
                 Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
             };
-            if let Some(f) = log.as_mut() {
-                let _ = f.write_all(&line[..n]);
-            }
-            if let Some(c) = &capture {
-                let text = String::from_utf8_lossy(&line).trim_end().to_string();
-                c.lock().unwrap_or_else(|e| e.into_inner()).push(text);
-            }
-            if let Some(t) = &tail {
-                let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
-                if t.len() == TAIL_LINES {
-                    t.pop_front();
-                }
-                t.push_back(String::from_utf8_lossy(&line).trim_end().to_string());
-            }
-            if show {
-                if line.last() != Some(&b'\n') {
-                    line.push(b'\n');
-                }
-                let mut out = Vec::with_capacity(prefix.len() + line.len());
-                out.extend_from_slice(prefix.as_bytes());
-                out.extend_from_slice(&line);
-                let _ = match stream {
-                    Stream::Stdout => std::io::stdout().lock().write_all(&out),
-                    Stream::Stderr => std::io::stderr().lock().write_all(&out),
-                };
+            let was_shown = p.show;
+            p.chunk(&buf[..n]);
+            if was_shown && !p.show && !p.wanted() {
+                // Our side closed and nothing else wants the bytes: close the
+                // rank's pipe so it sees what it would see without us.
+                break;
             }
         }
+        p.finish();
+        drop(pipe);
     });
     spawned.expect("cannot start an output thread")
-}
-
-/// Read up to and including '\n', or MAX_LINE bytes, or to EOF.
-fn read_line(r: &mut impl BufRead, out: &mut Vec<u8>) -> std::io::Result<usize> {
-    loop {
-        let buf = match r.fill_buf() {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if buf.is_empty() {
-            return Ok(out.len());
-        }
-        let room = MAX_LINE - out.len();
-        let (take, done) = match buf.iter().take(room).position(|b| *b == b'\n') {
-            Some(i) => (i + 1, true),
-            None => (buf.len().min(room), out.len() + buf.len() >= MAX_LINE),
-        };
-        out.extend_from_slice(&buf[..take]);
-        r.consume(take);
-        if done {
-            return Ok(out.len());
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn lines_partial_and_long() {
-        let data = b"one\ntwo\nthree".to_vec();
-        let mut r = BufReader::with_capacity(4, &data[..]);
-        let mut got = vec![];
-        loop {
-            let mut l = vec![];
-            if read_line(&mut r, &mut l).unwrap() == 0 {
-                break;
-            }
-            got.push(String::from_utf8(l).unwrap());
+    fn pump_with(prefix: bool) -> Pump {
+        Pump {
+            rank: 1,
+            stream: Stream::Stdout,
+            show: true,
+            prefix: prefix.then(|| b"[rank 1] ".to_vec()),
+            torch_prefix: b"[rank1]:".to_vec(),
+            log: None,
+            sink: None,
+            tail: None,
+            state: Arc::default(),
+            pending: vec![],
+            at_start: true,
         }
-        assert_eq!(got, ["one\n", "two\n", "three"]);
-        let long = vec![b'x'; MAX_LINE + 10];
-        let mut r = BufReader::new(&long[..]);
-        let mut l = vec![];
-        assert_eq!(read_line(&mut r, &mut l).unwrap(), MAX_LINE);
+    }
+
+    /// What the terminal would get for these chunks (no real write).
+    fn rendered(prefix: bool, chunks: &[&[u8]]) -> Vec<u8> {
+        let mut p = pump_with(prefix);
+        p.show = false; // collect, do not write
+        let mut all = vec![];
+        for c in chunks {
+            p.pending.extend_from_slice(c);
+            let mut start = 0;
+            while let Some(n) = p.segment_end(&p.pending[start..]) {
+                let seg = p.pending[start..start + n].to_vec();
+                p.render(&seg, &mut all);
+                start += n;
+            }
+            p.pending.drain(..start);
+        }
+        let rest = std::mem::take(&mut p.pending);
+        p.render(&rest, &mut all);
+        all
+    }
+
+    #[test]
+    fn prefixes_lines_and_carriage_return_updates() {
+        let got = rendered(true, &[b"one\ntw", b"o\n\r 5%|#\r 9%|##\n"]);
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            "[rank 1] one\n[rank 1] two\n[rank 1] \r[rank 1]  5%|#\r[rank 1]  9%|##\n"
+        );
+        let got = rendered(true, &[b"dos\r\nline\n[rank1]:[W torch] x\n"]);
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            "[rank 1] dos\r\n[rank 1] line\n[rank1]:[W torch] x\n"
+        );
+    }
+
+    #[test]
+    fn without_prefix_bytes_pass_unchanged() {
+        let input: &[&[u8]] = &[b"a\r", b"b\nno newline at the end"];
+        assert_eq!(rendered(false, input), b"a\rb\nno newline at the end");
+    }
+
+    #[test]
+    fn sink_and_tail_get_whole_lines_even_across_chunks() {
+        let seen = Arc::new(Mutex::new(vec![]));
+        let s2 = seen.clone();
+        let mut p = pump_with(true);
+        p.show = false;
+        p.sink = Some(Arc::new(move |r, l| {
+            s2.lock().unwrap().push(format!("{r}:{l}"))
+        }));
+        let tail: Tail = Arc::default();
+        p.tail = Some(tail.clone());
+        p.chunk(b"12.5 img/s\nhal");
+        p.chunk(b"f\r\nlast");
+        p.finish();
+        assert_eq!(*seen.lock().unwrap(), ["1:12.5 img/s", "1:half", "1:last"]);
+        assert_eq!(tail.lock().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_line_longer_than_the_bound_is_passed_on_in_pieces() {
+        let mut p = pump_with(false);
+        p.show = false;
+        p.chunk(&vec![b'x'; MAX_LINE + 10]);
+        assert!(p.state.split_lines.load(Ordering::Relaxed));
+        assert!(p.pending.is_empty());
     }
 }

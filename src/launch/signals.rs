@@ -1,6 +1,16 @@
-//! Signals as events: SIGINT, SIGTERM, SIGHUP and SIGCHLD handlers write the
-//! signal number to a non-blocking, close-on-exec pipe that the supervisor
-//! polls, so nothing but `write` happens inside a handler.
+//! Signals as events: the handlers write the signal number to a non-blocking,
+//! close-on-exec pipe that the supervisor polls, so nothing but `write`
+//! happens inside a handler. We keep this self-pipe rather than signal-hook:
+//! it is the one mechanism signal-hook's pipe module implements too, and the
+//! supervisor already polls one fd; a crate would add a thread or a second
+//! registry for the same bytes.
+//!
+//! What each signal does (see `Action`): SIGINT, SIGTERM, SIGHUP and SIGQUIT
+//! stop the ranks (SIGQUIT as SIGTERM), SIGUSR1/SIGUSR2 are passed on (Slurm's
+//! `--signal`, Lightning's requeue), SIGTSTP stops the ranks and then us
+//! (Ctrl-Z), SIGCONT continues them. A stopping signal that was ignored when
+//! we started (`nohup`, a shell's background job) stays ignored, for us and,
+//! through exec, for the ranks.
 
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -24,7 +34,53 @@ pub struct SignalPipe {
     fd: libc::c_int,
 }
 
-pub const FORWARDED: [i32; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+/// What the supervisor does with a signal it receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Stop every rank with this signal, grace period, SIGKILL.
+    Stop(i32),
+    /// Send it to every rank and go on.
+    Forward,
+    /// Stop the ranks (SIGTSTP), then ourselves.
+    Suspend,
+    /// A child changed state: reap.
+    Child,
+}
+
+pub fn action(sig: i32) -> Option<Action> {
+    Some(match sig {
+        libc::SIGINT | libc::SIGTERM | libc::SIGHUP => Action::Stop(sig),
+        libc::SIGQUIT => Action::Stop(libc::SIGTERM),
+        libc::SIGUSR1 | libc::SIGUSR2 | libc::SIGCONT => Action::Forward,
+        libc::SIGTSTP => Action::Suspend,
+        libc::SIGCHLD => Action::Child,
+        _ => return None,
+    })
+}
+
+/// Every signal the supervisor handles.
+const HANDLED: [i32; 9] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGTSTP,
+    libc::SIGCONT,
+    libc::SIGCHLD,
+];
+
+/// Signals left alone when they were ignored at start (nohup, `cmd &`).
+const KEEP_IGNORED: [i32; 3] = [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT];
+
+fn ignored(sig: i32) -> bool {
+    // SAFETY: querying the disposition into a zeroed sigaction.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+    }
+}
 
 impl SignalPipe {
     /// The process's signal pipe, installed on first use (later runs, such as
@@ -45,7 +101,10 @@ impl SignalPipe {
             return Err(std::io::Error::last_os_error());
         }
         WRITE_FD.store(fds[1], Ordering::Relaxed);
-        for sig in FORWARDED.iter().chain(&[libc::SIGCHLD]) {
+        for sig in HANDLED
+            .iter()
+            .filter(|s| !(KEEP_IGNORED.contains(s) && ignored(**s)))
+        {
             // SAFETY: a zeroed sigaction with a valid handler and SA_RESTART.
             unsafe {
                 let mut sa: libc::sigaction = std::mem::zeroed();

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::output::{self, OutputOptions, Stream, Tail};
-use super::signals::{FORWARDED, SignalPipe};
+use super::output::{self, OutputOptions, OutputState, Stream, Tail};
+use super::signals::{Action, SignalPipe, action};
 use super::{LaunchError, RankLaunch};
 use crate::os;
 
@@ -86,6 +86,10 @@ pub struct Outcome {
     pub wall: Duration,
     /// The run hit `RunOptions::timeout`.
     pub timed_out: bool,
+    /// Log files that could not be written whole: (file, error).
+    pub log_errors: Vec<(String, String)>,
+    /// A line over output::MAX_LINE was passed on in pieces.
+    pub split_lines: bool,
 }
 
 impl Outcome {
@@ -135,14 +139,20 @@ fn spawn_rank(r: &RankLaunch, parent: i32) -> std::io::Result<std::process::Chil
     cmd.spawn()
 }
 
-fn open_log(dir: &Option<PathBuf>, rank: usize, stream: &str) -> Result<Option<File>, LaunchError> {
+/// A rank's log file, never through a link planted at its name.
+fn open_log(
+    dir: &Option<PathBuf>,
+    rank: usize,
+    stream: &str,
+) -> Result<Option<(File, String)>, LaunchError> {
     let Some(dir) = dir else { return Ok(None) };
     let path = dir.join(format!("rank-{rank}.{stream}"));
-    File::create(&path)
-        .map(Some)
-        .map_err(|source| LaunchError::LogDir {
-            path: path.display().to_string(),
-            source,
+    let shown = path.display().to_string();
+    crate::files::create_log(&path)
+        .map(|f| Some((f, shown.clone())))
+        .map_err(|e| LaunchError::LogFile {
+            path: shown,
+            why: e.to_string(),
         })
 }
 
@@ -238,13 +248,14 @@ fn spawn_all(
     Ok(children)
 }
 
-type Logs = (Option<File>, Option<File>);
+type Logs = (Option<(File, String)>, Option<(File, String)>);
 
 /// Start the output threads of every rank; returns them and the stderr tails.
 fn start_pumps(
     ranks: &[RankLaunch],
     children: &mut [(std::process::Child, Logs)],
     opts: &RunOptions,
+    state: &Arc<OutputState>,
 ) -> (Vec<JoinHandle<()>>, Vec<Tail>) {
     let (mut pumps, mut tails) = (vec![], vec![]);
     for (r, (child, (out_log, err_log))) in ranks.iter().zip(children.iter_mut()) {
@@ -257,6 +268,7 @@ fn start_pumps(
                 out_log.take(),
                 &opts.output,
                 None,
+                state.clone(),
             ));
         }
         if let Some(p) = child.stderr.take() {
@@ -267,6 +279,7 @@ fn start_pumps(
                 err_log.take(),
                 &opts.output,
                 Some(tail.clone()),
+                state.clone(),
             ));
         }
         tails.push(tail);
@@ -294,11 +307,18 @@ impl Watch {
             .map(|r| r.pid)
     }
 
-    /// Send `sig` to every live rank and give them the grace period.
-    fn stop(&mut self, sig: i32) {
-        for p in self.live().collect::<Vec<_>>() {
+    /// Send `sig` to every live rank's process group.
+    fn signal_all(&self, sig: i32) {
+        for p in self.live() {
             os::kill_group(p, sig);
         }
+    }
+
+    /// Send `sig` to every live rank and give them the grace period.
+    fn stop(&mut self, sig: i32) {
+        self.signal_all(sig);
+        // A stopped rank (Ctrl-Z) must run to act on the signal.
+        self.signal_all(libc::SIGCONT);
         self.kill_at = Some(Instant::now() + self.grace);
     }
 
@@ -337,11 +357,12 @@ impl Watch {
         }
     }
 
-    /// First signal: forward it, then the grace period; a second: kill now.
-    fn on_signal(&mut self, sig: i32) {
+    /// First signal: send `send` (SIGTERM for SIGQUIT), then the grace
+    /// period; a second: kill now.
+    fn on_signal(&mut self, sig: i32, send: i32) {
         if self.user_signal.is_none() && self.kill_at.is_none() {
             self.user_signal = Some(sig);
-            self.stop(sig);
+            self.stop(send);
         } else {
             self.user_signal.get_or_insert(sig);
             self.kill_at = Some(Instant::now());
@@ -396,14 +417,24 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
         timed_out: false,
         grace: opts.grace,
     };
-    let (pumps, tails) = start_pumps(ranks, &mut children, opts);
+    let state = Arc::new(OutputState::default());
+    let (pumps, tails) = start_pumps(ranks, &mut children, opts, &state);
     while w.running.iter().any(|r| r.result.is_none()) {
         let got = signals.wait(w.wait_ms());
         for (pid, status, ru) in reap() {
             w.on_exit(ranks, pid, status, &ru);
         }
-        for sig in got.into_iter().filter(|s| FORWARDED.contains(s)) {
-            w.on_signal(sig);
+        for sig in got {
+            match action(sig) {
+                Some(Action::Stop(send)) => w.on_signal(sig, send),
+                Some(Action::Forward) => w.signal_all(sig),
+                Some(Action::Suspend) => {
+                    w.signal_all(libc::SIGTSTP);
+                    // SAFETY: plain syscall; our SIGCONT handler forwards the continue.
+                    unsafe { libc::raise(libc::SIGSTOP) };
+                }
+                Some(Action::Child) | None => {}
+            }
         }
         w.on_clock();
     }
@@ -429,6 +460,10 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
             .collect(),
         wall: start.elapsed(),
         timed_out: w.timed_out,
+        log_errors: std::mem::take(
+            &mut *state.log_errors.lock().unwrap_or_else(|e| e.into_inner()),
+        ),
+        split_lines: state.split_lines.load(std::sync::atomic::Ordering::Relaxed),
     })
 }
 

@@ -41,29 +41,60 @@ impl Metric {
         Ok(Metric { re, default })
     }
 
-    /// The last value the output reports.
-    pub fn find(&self, lines: &[String]) -> Option<f64> {
-        self.find_with_unit(lines).map(|(v, _)| v)
-    }
-
-    /// The last value and, with the default pattern, its unit ("img/s").
-    pub fn find_with_unit(&self, lines: &[String]) -> Option<(f64, Option<String>)> {
-        lines.iter().rev().find_map(|l| {
-            let caps = self.re.captures_iter(l).last()?;
-            let v = caps
-                .get(1)?
-                .as_str()
-                .parse::<f64>()
-                .ok()
-                .filter(|v| v.is_finite())?;
-            let unit = if self.default {
-                caps.get(2).map(|u| u.as_str().to_string())
-            } else {
-                None
-            };
-            Some((v, unit))
+    /// The value one line reports (the last match in it), with the unit the
+    /// default pattern captures ("img/s").
+    pub fn scan(&self, rank: usize, line: &str) -> Option<Hit> {
+        let caps = self.re.captures_iter(line).last()?;
+        let value = caps
+            .get(1)?
+            .as_str()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite())?;
+        let unit = if self.default {
+            caps.get(2).map(|u| u.as_str().to_string())
+        } else {
+            None
+        };
+        let mut text = line.trim().to_string();
+        if text.len() > MAX_HIT_TEXT {
+            let mut cut = MAX_HIT_TEXT;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.truncate(cut);
+        }
+        Some(Hit {
+            value,
+            unit,
+            rank,
+            line: text,
         })
     }
+
+    /// The last value in these lines (of rank 0).
+    pub fn find(&self, lines: &[String]) -> Option<f64> {
+        self.last(lines).map(|h| h.value)
+    }
+
+    /// The last hit in these lines (of rank 0).
+    pub fn last(&self, lines: &[String]) -> Option<Hit> {
+        lines.iter().rev().find_map(|l| self.scan(0, l))
+    }
+}
+
+/// Report at most this much of the line a value came from.
+const MAX_HIT_TEXT: usize = 300;
+
+/// Where a throughput value came from.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Hit {
+    pub value: f64,
+    pub unit: Option<String>,
+    /// The local rank that printed it.
+    pub rank: usize,
+    /// The line, trimmed (at most 300 bytes).
+    pub line: String,
 }
 
 #[cfg(test)]
@@ -91,10 +122,9 @@ mod tests {
             Some(30.0)
         );
         assert_eq!(m.find(&lines(&["no numbers here", "3 imgs"])), None);
-        assert_eq!(
-            m.find_with_unit(&lines(&["9 samples/s"])),
-            Some((9.0, Some("samples/s".into())))
-        );
+        let hit = m.last(&lines(&["9 samples/s"])).unwrap();
+        assert_eq!((hit.value, hit.unit.as_deref()), (9.0, Some("samples/s")));
+        assert_eq!(hit.line, "9 samples/s");
     }
 
     #[test]

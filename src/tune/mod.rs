@@ -24,8 +24,8 @@ pub const TUNE_SCHEMA: &str = "threadwise.tune/1";
 /// What one launch of a configuration produced (from the runner).
 #[derive(Debug, Clone, Default)]
 pub struct TrialOutcome {
-    /// Every output line of every rank.
-    pub lines: Vec<String>,
+    /// The last throughput the ranks printed (the metric applied as lines arrived).
+    pub hit: Option<metric::Hit>,
     pub wall: Duration,
     pub cpu: Duration,
     pub voluntary_cs: i64,
@@ -43,9 +43,9 @@ pub struct TrialOutcome {
     pub error: Option<String>,
 }
 
-/// Runs one configuration once.
+/// Runs one configuration once, applying `metric` to the output as it streams.
 pub trait TrialRunner {
-    fn run(&mut self, config: &TuneConfig) -> TrialOutcome;
+    fn run(&mut self, config: &TuneConfig, metric: &Metric) -> TrialOutcome;
 }
 
 /// How one trial ended.
@@ -281,13 +281,7 @@ fn describe(c: &TuneConfig) -> String {
     s
 }
 
-fn trial(
-    o: &TrialOutcome,
-    round: usize,
-    metric: &Metric,
-    budget: f64,
-    wall_metric: &mut bool,
-) -> Trial {
+fn trial(o: &TrialOutcome, round: usize, budget: f64, wall_metric: &mut bool) -> Trial {
     let wall = o.wall.as_secs_f64().max(1e-9);
     let status = if o.interrupted {
         TrialStatus::Interrupted
@@ -301,12 +295,15 @@ fn trial(
         TrialStatus::Ok
     };
     let ok = status == TrialStatus::Ok;
-    let throughput = ok.then(|| metric.find(&o.lines)).flatten().or_else(|| {
-        ok.then(|| {
-            *wall_metric = true;
-            1.0 / wall
-        })
-    });
+    let throughput = ok
+        .then(|| o.hit.as_ref().map(|h| h.value))
+        .flatten()
+        .or_else(|| {
+            ok.then(|| {
+                *wall_metric = true;
+                1.0 / wall
+            })
+        });
     Trial {
         round,
         status,
@@ -433,7 +430,7 @@ pub fn tune(
                 round,
                 warmup: warm,
             });
-            let o = runner.run(&configs[i]);
+            let o = runner.run(&configs[i], &opts.metric);
             if o.interrupted {
                 report.warnings.push(Warning::Interrupted {
                     config: configs[i].name.clone(),
@@ -447,17 +444,11 @@ pub fn tune(
                 continue;
             }
             if report.unit == "per s"
-                && let Some((_, Some(u))) = opts.metric.find_with_unit(&o.lines)
+                && let Some(u) = o.hit.as_ref().and_then(|h| h.unit.clone())
             {
                 report.unit = u;
             }
-            let t = trial(
-                &o,
-                round - opts.warmup,
-                &opts.metric,
-                opts.cpu_budget,
-                &mut wall_metric,
-            );
+            let t = trial(&o, round - opts.warmup, opts.cpu_budget, &mut wall_metric);
             report.configs[i].trials.push(t);
             if wall_metric && report.metric != MetricSource::Wall {
                 report.metric = MetricSource::Wall;

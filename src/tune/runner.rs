@@ -6,8 +6,9 @@ use std::ffi::OsString;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::metric::{Hit, Metric};
 use super::{TrialOutcome, TuneConfig};
-use crate::launch::output::OutputOptions;
+use crate::launch::output::{LineSink, OutputOptions};
 use crate::launch::supervise::{self, RunOptions};
 use crate::launch::{check_placements, node_launches};
 use crate::measure::gpu::GpuSampler;
@@ -37,7 +38,7 @@ impl Runner {
 }
 
 impl super::TrialRunner for Runner {
-    fn run(&mut self, c: &TuneConfig) -> TrialOutcome {
+    fn run(&mut self, c: &TuneConfig, metric: &Metric) -> TrialOutcome {
         let launches = match self.launches(c) {
             Ok(l) => l,
             Err(e) => {
@@ -47,14 +48,22 @@ impl super::TrialRunner for Runner {
                 };
             }
         };
-        let lines = Arc::new(Mutex::new(vec![]));
+        // The metric is applied as lines arrive: nothing but the last hit
+        // and the stderr tails is kept, however much the ranks print.
+        let hit: Arc<Mutex<Option<Hit>>> = Arc::default();
+        let (m, h) = (metric.clone(), hit.clone());
+        let sink: LineSink = Arc::new(move |rank, line| {
+            if let Some(found) = m.scan(rank, line) {
+                *h.lock().unwrap_or_else(|e| e.into_inner()) = Some(found);
+            }
+        });
         let opts = RunOptions {
             grace: self.grace,
             timeout: Some(self.timeout),
             output: OutputOptions {
                 prefix: true,
                 show: Some(vec![]),
-                capture: Some(lines.clone()),
+                sink: Some(sink),
             },
             log_dir: None,
         };
@@ -85,9 +94,9 @@ impl super::TrialRunner for Runner {
             .first_failure
             .and_then(|i| o.tails.get(i).cloned())
             .unwrap_or_default();
-        let taken = std::mem::take(&mut *lines.lock().unwrap_or_else(|e| e.into_inner()));
+        let hit = hit.lock().unwrap_or_else(|e| e.into_inner()).take();
         TrialOutcome {
-            lines: taken,
+            hit,
             wall: o.wall,
             cpu: o.results.iter().map(|r| r.cpu).sum(),
             voluntary_cs: o.results.iter().map(|r| r.voluntary_cs).sum(),

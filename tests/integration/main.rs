@@ -5,6 +5,7 @@ mod cgroups;
 mod cli;
 mod plans;
 mod run;
+mod signals;
 mod slurm;
 mod topologies;
 mod tune;

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::threadwise;
 
-fn bin() -> std::path::PathBuf {
+pub fn bin() -> std::path::PathBuf {
     assert_cmd::cargo::cargo_bin("threadwise")
 }
 
@@ -20,12 +20,12 @@ fn run(args: &[&str]) -> (Output, Duration) {
     (out, t.elapsed())
 }
 
-fn text(b: &[u8]) -> String {
+pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
 /// Processes (not zombies) whose command line holds `marker`.
-fn survivors(marker: &str) -> Vec<String> {
+pub fn survivors(marker: &str) -> Vec<String> {
     let mut out = vec![];
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
@@ -48,7 +48,7 @@ fn survivors(marker: &str) -> Vec<String> {
 
 /// `threadwise run ARGS -- bash -c SCRIPT` in the background, output discarded
 /// unless asked for.
-fn spawn_run(args: &[&str], script: &str, stderr: Stdio) -> std::process::Child {
+pub fn spawn_run(args: &[&str], script: &str, stderr: Stdio) -> std::process::Child {
     Command::new(bin())
         .arg("run")
         .args(args)
