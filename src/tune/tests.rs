@@ -189,7 +189,7 @@ fn interrupted_tune_keeps_what_was_measured() {
 fn no_metric_in_output_falls_back_to_wall_time() {
     struct Quiet;
     impl TrialRunner for Quiet {
-        fn run(&mut self, _: &TuneConfig) -> TrialOutcome {
+        fn run(&mut self, _: &TuneConfig, _: &Metric) -> TrialOutcome {
             TrialOutcome {
                 wall: Duration::from_millis(500),
                 ..Default::default()
