@@ -352,7 +352,9 @@ mod tests {
             p.pending.drain(..start);
         }
         let rest = std::mem::take(&mut p.pending);
-        p.render(&rest, &mut all);
+        if !rest.is_empty() {
+            p.render(&rest, &mut all);
+        }
         all
     }
 
