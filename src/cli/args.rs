@@ -45,6 +45,9 @@ pub enum Command {
     },
     /// Print the man page (roff): threadwise man | man -l -
     Man,
+    /// Kill and remove a job cgroup when stdin closes (started by run itself)
+    #[command(name = "__watchdog", hide = true)]
+    Watchdog { dir: PathBuf },
 }
 
 /// Where the topology comes from (default: this machine).

@@ -60,6 +60,7 @@ fn dry_run(plan: &Plan, launches: &[RankLaunch]) -> String {
         "{} rank(s); each inherits your environment ({inherited} variables) except what is listed\n",
         plan.nproc
     );
+
     for l in launches {
         s.push_str(&format!(
             "rank {}: cpus {}, memory {}\n  argv: {}\n",
@@ -204,7 +205,11 @@ pub fn run(a: RunCmd) -> Result<Exit, Failure> {
     settings::check_run_plan(&a, p.nproc)?;
     let mut launches = node_launches(&p, &a.command, &a.master_addr, a.master_port)?;
     if a.dry_run {
-        return super::emit(&dry_run(&p, &launches));
+        let contain = crate::launch::contain::JobCgroup::probe();
+        return super::emit(&format!(
+            "{}containment: {contain}\n",
+            dry_run(&p, &launches)
+        ));
     }
     if let Some(first) = launches.first() {
         note_overrides(first);

@@ -108,6 +108,7 @@ pub fn main() -> i32 {
         Command::Bind(a) => launch::bind_cmd(a),
         Command::Tune(a) => tune::tune_cmd(a),
         c @ (Command::Completions { .. } | Command::Man) => generated(&c),
+        Command::Watchdog { dir } => Ok(Exit(crate::launch::contain::watchdog(&dir))),
     };
     match result {
         Ok(Exit(code)) => code,

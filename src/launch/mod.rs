@@ -4,6 +4,7 @@
 //! decided by the planner and turned into a `RankLaunch` before anything starts.
 
 pub mod bind;
+pub mod contain;
 pub mod detect;
 pub mod env;
 pub mod output;

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::contain::JobCgroup;
 use super::output::{self, OutputOptions, OutputState, Stream, Tail};
 use super::signals::{Action, SignalPipe, action};
 use super::{LaunchError, RankLaunch};
@@ -109,7 +110,11 @@ struct Running {
     result: Option<RankResult>,
 }
 
-fn spawn_rank(r: &RankLaunch, parent: i32) -> std::io::Result<std::process::Child> {
+fn spawn_rank(
+    r: &RankLaunch,
+    parent: i32,
+    cgroup_fd: Option<i32>,
+) -> std::io::Result<std::process::Child> {
     // The resolved path spares a PATH search per rank; argv[0] stays as typed.
     let mut cmd = Command::new(
         r.program
@@ -127,11 +132,17 @@ fn spawn_rank(r: &RankLaunch, parent: i32) -> std::io::Result<std::process::Chil
         .stderr(Stdio::piped())
         .process_group(0);
     let placement = r.placement.clone();
-    // SAFETY: the closure only makes syscalls on memory prepared before fork.
+    // SAFETY: the closure only makes syscalls on memory prepared before fork,
+    // and allocates nothing (an io::Error from a raw errno holds no heap).
     unsafe {
         cmd.pre_exec(move || {
+            // Join the job's cgroup first: moving resets the CPU affinity.
+            if let Some(fd) = cgroup_fd {
+                libc::write(fd, b"0".as_ptr().cast(), 1);
+            }
             if !os::die_with_parent(parent) {
-                return Err(std::io::Error::other("threadwise exited during start-up"));
+                // threadwise exited during start-up.
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
             }
             placement.apply().map_err(|(_, e)| e)
         });
@@ -182,12 +193,14 @@ fn reap_all() -> (Vec<(i32, libc::c_int, libc::rusage)>, bool) {
     }
 }
 
-/// Kill and reap the descendants that were re-parented to us (subreaper).
-fn kill_orphans() {
+/// Kill and reap the descendants that were re-parented to us (subreaper),
+/// except `keep` (the job cgroup's watchdog).
+fn kill_orphans(keep: Option<i32>) {
     let me = std::process::id() as i32;
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
-        if !reap_all().1 {
+        let (_, alive) = reap_all();
+        if !alive {
             return; // no descendant was re-parented to us
         }
         let orphans: Vec<i32> = std::fs::read_dir("/proc")
@@ -202,6 +215,7 @@ fn kill_orphans() {
                         rest.split_whitespace().nth(1)?.parse::<i32>().ok()
                     })
                     == Some(me)
+                    && Some(*pid) != keep
             })
             .collect();
         reap();
@@ -222,6 +236,7 @@ fn kill_orphans() {
 fn spawn_all(
     ranks: &[RankLaunch],
     opts: &RunOptions,
+    cgroup: Option<&JobCgroup>,
 ) -> Result<Vec<(std::process::Child, Logs)>, LaunchError> {
     let parent = std::process::id() as i32;
     let mut children: Vec<(std::process::Child, Logs)> = vec![];
@@ -230,13 +245,16 @@ fn spawn_all(
             open_log(&opts.log_dir, r.local_rank, "stdout")?,
             open_log(&opts.log_dir, r.local_rank, "stderr")?,
         );
-        match spawn_rank(r, parent) {
+        match spawn_rank(r, parent, cgroup.map(JobCgroup::procs_fd)) {
             Ok(c) => children.push((c, logs)),
             Err(source) => {
                 for (c, _) in &children {
                     os::kill_group(c.id() as i32, libc::SIGKILL);
                 }
-                kill_orphans();
+                if let Some(cg) = cgroup {
+                    cg.kill();
+                }
+                kill_orphans(cgroup.and_then(JobCgroup::watchdog_pid));
                 return Err(LaunchError::Spawn {
                     rank: r.local_rank,
                     program: r.argv[0].to_string_lossy().into_owned(),
@@ -399,8 +417,11 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
             source,
         })?;
     }
+    // Where the machine allows it, the job's processes share a cgroup that is
+    // killed as a whole (also by the watchdog, should we be SIGKILLed).
+    let cgroup = JobCgroup::create().ok();
     let start = Instant::now();
-    let mut children = spawn_all(ranks, opts)?;
+    let mut children = spawn_all(ranks, opts, cgroup.as_ref())?;
     let mut w = Watch {
         running: children
             .iter()
@@ -438,11 +459,16 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
         }
         w.on_clock();
     }
-    // Whatever the ranks left behind: their groups, then re-parented orphans.
+    // Whatever the ranks left behind: their groups, the job cgroup, then
+    // re-parented orphans.
     for r in &w.running {
         os::kill_group(r.pid, libc::SIGKILL);
     }
-    kill_orphans();
+    if let Some(cg) = &cgroup {
+        cg.kill();
+    }
+    kill_orphans(cgroup.as_ref().and_then(JobCgroup::watchdog_pid));
+    drop(cgroup);
     join_within(pumps, Duration::from_secs(2));
     Ok(Outcome {
         results: w.running.into_iter().filter_map(|r| r.result).collect(),

@@ -391,17 +391,36 @@ fn sigint_is_forwarded_and_a_second_one_kills() {
 
 #[test]
 fn ranks_die_with_a_sigkilled_threadwise() {
+    // The ranks and, where a job cgroup can be made, their children too.
+    let dry = threadwise()
+        .args(["run", "-n", "2", "--dry-run", "--", "true"])
+        .output()
+        .unwrap();
+    let cgroup = text(&dry.stdout).contains("containment: a cgroup v2 per job");
     let marker = "tw-orphan-9921";
-    let mut child = spawn_run(
-        &["-n", "2", "-q"],
-        &format!("while :; do sleep 0.05; done # {marker}"),
-        Stdio::null(),
-    );
+    let script = if cgroup {
+        // A background child and a setsid one, each a shell that keeps the marker.
+        format!(
+            "bash -c 'sleep 397; : {marker}' & setsid bash -c 'sleep 398; : {marker}' & \
+             while :; do sleep 0.05; done # {marker}"
+        )
+    } else {
+        format!("while :; do sleep 0.05; done # {marker}")
+    };
+    let mut child = spawn_run(&["-n", "2", "-q"], &script, Stdio::null());
     std::thread::sleep(Duration::from_millis(400));
     let before = survivors(marker).len();
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(before >= 2, "the ranks were running: {before}");
+    if cgroup {
+        assert!(
+            before >= 6,
+            "ranks and their children were running: {before}"
+        );
+    } else {
+        eprintln!("no job cgroup here: {}", text(&dry.stdout));
+    }
     let t = Instant::now();
     while !survivors(marker).is_empty() && t.elapsed() < Duration::from_secs(3) {
         std::thread::sleep(Duration::from_millis(20));

@@ -1,0 +1,221 @@
+//! Keeping a job's processes where they can all be found and killed, even
+//! when threadwise itself is SIGKILLed or OOM-killed. Where the machine lets
+//! us (cgroup v2 writable, kernel 5.14+ for `cgroup.kill`), every rank joins a
+//! cgroup of its own job between fork and exec, before anything else runs in
+//! it, so whatever it starts (DataLoader workers, `setsid` daemons) is in it
+//! too. A small watchdog (this binary, `__watchdog DIR`, outside the cgroup
+//! and deaf to terminal signals) waits on a pipe from us; when the pipe
+//! closes, because we ended normally or were killed, it kills the cgroup as a
+//! whole and removes it. Elsewhere the process groups, PR_SET_PDEATHSIG and the
+//! child subreaper are what contains the ranks (the ranks die with us, but
+//! their own children may not).
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The hidden subcommand the watchdog runs as.
+pub const WATCHDOG: &str = "__watchdog";
+
+/// A job's cgroup, its `cgroup.procs` open for the ranks to join, and its watchdog.
+pub struct JobCgroup {
+    dir: PathBuf,
+    procs: File,
+    watchdog: Option<Child>,
+}
+
+/// How a launch keeps its processes together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Containment {
+    Cgroup(PathBuf),
+    /// Why no cgroup: process groups, PDEATHSIG and the subreaper only.
+    Fallback(String),
+}
+
+impl std::fmt::Display for Containment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Containment::Cgroup(d) => write!(
+                f,
+                "a cgroup v2 per job ({}), killed as a whole when the job ends or threadwise dies",
+                d.display()
+            ),
+            Containment::Fallback(why) => write!(
+                f,
+                "process groups, PR_SET_PDEATHSIG and a child subreaper (no job cgroup: {why}); \
+                 children of ranks may outlive a SIGKILLed threadwise"
+            ),
+        }
+    }
+}
+
+/// The cgroup v2 directory this process is in, from proc/mounts and proc/self/cgroup.
+fn own_cgroup() -> Result<PathBuf, String> {
+    let mounts = std::fs::read_to_string("/proc/mounts").map_err(|e| e.to_string())?;
+    let mount = mounts
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() > 2 && f[2] == "cgroup2")
+        .map(|f| f[1].replace("\\040", " "))
+        .ok_or("no cgroup2 filesystem is mounted")?;
+    let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| e.to_string())?;
+    let rel = own
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or("this process is in no cgroup v2")?;
+    let rel = rel.trim().trim_start_matches('/');
+    if rel.split('/').any(|c| c == "..") {
+        return Err(format!("odd cgroup path {rel:?}"));
+    }
+    Ok(Path::new(&mount).join(rel))
+}
+
+static JOBS: AtomicUsize = AtomicUsize::new(0);
+
+impl JobCgroup {
+    /// Create the job cgroup and start its watchdog, or say why not.
+    pub fn create() -> Result<JobCgroup, String> {
+        let parent = own_cgroup()?;
+        let dir = parent.join(format!(
+            "threadwise-{}-{}",
+            std::process::id(),
+            JOBS.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let fail = |why: String| {
+            let _ = std::fs::remove_dir(&dir);
+            why
+        };
+        if !dir.join("cgroup.kill").exists() {
+            return Err(fail("the kernel has no cgroup.kill (Linux 5.14+)".into()));
+        }
+        let procs = OpenOptions::new()
+            .write(true)
+            .open(dir.join("cgroup.procs"))
+            .map_err(|e| fail(format!("cannot open cgroup.procs: {e}")))?;
+        let me = std::env::current_exe().map_err(|e| fail(e.to_string()))?;
+        let watchdog = Command::new(me)
+            .arg(WATCHDOG)
+            .arg(&dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .map_err(|e| fail(format!("cannot start the watchdog: {e}")))?;
+        Ok(JobCgroup {
+            dir,
+            procs,
+            watchdog: Some(watchdog),
+        })
+    }
+
+    /// What `create` would give, for `--dry-run` (creates and removes nothing
+    /// but an empty directory).
+    pub fn probe() -> Containment {
+        match own_cgroup().and_then(|p| {
+            let d = p.join(format!("threadwise-probe-{}", std::process::id()));
+            std::fs::create_dir(&d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+            let kill = d.join("cgroup.kill").exists();
+            let _ = std::fs::remove_dir(&d);
+            if kill {
+                Ok(p.join("threadwise-PID-N"))
+            } else {
+                Err("the kernel has no cgroup.kill (Linux 5.14+)".to_string())
+            }
+        }) {
+            Ok(d) => Containment::Cgroup(d),
+            Err(why) => Containment::Fallback(why),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The fd a child writes "0" to, between fork and exec, to join.
+    pub fn procs_fd(&self) -> i32 {
+        self.procs.as_raw_fd()
+    }
+
+    /// The watchdog's pid (not ours to kill as an orphan).
+    pub fn watchdog_pid(&self) -> Option<i32> {
+        self.watchdog.as_ref().map(|c| c.id() as i32)
+    }
+
+    /// Kill everything in the cgroup and wait (briefly) until it is empty.
+    pub fn kill(&self) {
+        kill_dir(&self.dir);
+    }
+}
+
+impl Drop for JobCgroup {
+    fn drop(&mut self) {
+        kill_dir(&self.dir);
+        let _ = std::fs::remove_dir(&self.dir);
+        if let Some(mut w) = self.watchdog.take() {
+            drop(w.stdin.take()); // the watchdog finds the cgroup gone and exits
+            let _ = w.wait();
+        }
+    }
+}
+
+fn populated(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("cgroup.events"))
+        .map(|e| e.lines().any(|l| l == "populated 1"))
+        .unwrap_or(false)
+}
+
+fn kill_dir(dir: &Path) {
+    if !populated(dir) {
+        return;
+    }
+    if let Ok(mut f) = OpenOptions::new().write(true).open(dir.join("cgroup.kill")) {
+        let _ = f.write_all(b"1");
+    }
+    let t = Instant::now();
+    while populated(dir) && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// `threadwise __watchdog DIR`: wait until stdin closes, then kill and remove
+/// the cgroup. Terminal signals are ignored: Ctrl-C is for threadwise.
+pub fn watchdog(dir: &Path) -> i32 {
+    for sig in [
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGTSTP,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGPIPE,
+    ] {
+        // SAFETY: setting a signal to SIG_IGN.
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
+    let mut buf = [0u8; 64];
+    let mut stdin = std::io::stdin();
+    loop {
+        match stdin.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+    kill_dir(dir);
+    for _ in 0..100 {
+        if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    0
+}
