@@ -76,12 +76,19 @@ pub fn request(a: &PlanArgs) -> PlanRequest {
 /// What the planner may use besides the topology: the allocator libraries on
 /// this machine, looked up only when the request asks for one.
 pub fn facts(req: &PlanRequest) -> Facts {
+    if req.allocator == AllocatorChoice::None {
+        Facts::default()
+    } else {
+        facts_with_allocators()
+    }
+}
+
+/// Facts with the allocator search done (tune: any configuration may ask).
+pub fn facts_with_allocators() -> Facts {
+    let s = plan::find_allocators();
     Facts {
-        allocators: if req.allocator == AllocatorChoice::None {
-            vec![]
-        } else {
-            plan::find_allocators()
-        },
+        allocators: s.found,
+        skipped_allocators: s.skipped,
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::args::TuneCmd;
-use super::topo::{load, request};
+use super::topo::{facts_with_allocators, load, request};
 use super::{Exit, Failure, SourceArgs, emit, settings};
 use crate::files::write_output;
 use crate::measure::gpu::GpuSampler;
@@ -164,9 +164,7 @@ pub fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
     let topo = load(&SourceArgs::default())?;
     let base = request(&a.plan);
     // Every configuration may name an allocator: look them up once.
-    let facts = Facts {
-        allocators: plan::find_allocators(),
-    };
+    let facts = facts_with_allocators();
     // The base request must make sense on this machine before anything runs.
     let base_plan = plan::plan(&topo, &base, &facts)?;
     let configs = configs(&a, &base, &facts)?;

@@ -55,8 +55,14 @@ pub fn choose_allocator(
             a
         }
     };
+    if req.allocator != AllocatorChoice::None {
+        reasons.extend(facts.skipped_allocators.iter().cloned());
+    }
     if let Some(a) = &chosen {
-        reasons.push(format!("allocator {}: LD_PRELOAD={}", a.kind, a.path));
+        reasons.push(format!(
+            "allocator {}: LD_PRELOAD={} (owned by root or you, writable by nobody else)",
+            a.kind, a.path
+        ));
     }
     Ok(chosen)
 }

@@ -29,6 +29,8 @@ pub const PLAN_SCHEMA: &str = "threadwise.plan/1";
 pub struct Facts {
     /// Allocator libraries found on this machine, in preference order per kind.
     pub allocators: Vec<Allocator>,
+    /// Allocator files passed over, with the reason (said when one is asked for).
+    pub skipped_allocators: Vec<String>,
 }
 
 /// Requests the planner cannot satisfy, each naming what is short.

@@ -78,6 +78,7 @@ fn allocator_choice() {
     };
     let facts = Facts {
         allocators: vec![je.clone()],
+        ..Default::default()
     };
     let auto = PlanRequest {
         allocator: AllocatorChoice::Auto,

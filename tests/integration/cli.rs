@@ -325,3 +325,53 @@ fn plan_json_has_the_contract_fields() {
     assert_eq!(p["ranks"][1]["gpu"], "0000:02:00.0");
     assert_eq!(p["ranks"][1]["mem_nodes"], serde_json::json!([1]));
 }
+
+/// A library planted in a directory others can write (or at a path with a
+/// space) is never preloaded; the plan says which one it chose and why.
+#[test]
+fn planted_allocators_are_not_preloaded() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let env = d.path().join("my env");
+    std::fs::create_dir_all(env.join("lib")).unwrap();
+    std::fs::write(env.join("lib/libjemalloc.so.2"), b"not a library").unwrap();
+    let open = d.path().join("open");
+    std::fs::create_dir_all(open.join("lib")).unwrap();
+    std::fs::set_permissions(open.join("lib"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::write(open.join("lib/libjemalloc.so.2"), b"not a library").unwrap();
+    for (var, dir) in [
+        ("VIRTUAL_ENV", &env),
+        ("CONDA_PREFIX", &open),
+        ("VIRTUAL_ENV", &d.path().join("rel")),
+    ] {
+        let value = if var == "VIRTUAL_ENV" && dir.ends_with("rel") {
+            "relative/env".into()
+        } else {
+            dir.display().to_string()
+        };
+        let out = threadwise()
+            .args(["plan", "-n", "1", "--allocator", "jemalloc", "--json"])
+            .env(var, &value)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let p: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let pre = p["ranks"][0]["env"]["LD_PRELOAD"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            pre.starts_with("/usr/lib") || pre.starts_with("/lib"),
+            "{var}={value}: {pre}"
+        );
+        let reasons = p["ranks"][0]["reasons"].to_string() + &p["reasons"].to_string();
+        assert!(reasons.contains(&format!("LD_PRELOAD={pre}")), "{reasons}");
+        if !value.starts_with("relative") {
+            assert!(reasons.contains("not preloaded"), "{var}: {reasons}");
+        }
+    }
+}
