@@ -6,9 +6,11 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// The highest CPU number accepted from text. Linux's NR_CPUS tops out at 8192
-/// today; the margin keeps a hostile "0-4000000000" from allocating gigabytes.
-pub const MAX_CPU: usize = 1 << 16;
+/// The highest CPU number accepted from text: Linux's NR_CPUS tops out at 8192
+/// (x86 MAXSMP, ppc64; arm64 4096). Sets are bitmaps, so the bound is what
+/// keeps a hostile "0-4000000000", or 65536 cores of 65536-bit sets, from
+/// allocating gigabytes.
+pub const MAX_CPU: usize = 8192;
 
 /// Why a cpulist or mask could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -174,8 +174,8 @@ fn parse_nproc(s: &str) -> Result<NProc, String> {
     }
 }
 
-/// More local ranks than this is no node: threadwise reads at most 65536 CPUs.
-pub const MAX_RANKS: usize = 65536;
+/// More local ranks than this is no node: one per CPU threadwise can read.
+pub const MAX_RANKS: usize = crate::cpuset::MAX_CPU;
 
 /// Seconds as a `Duration`, from 0 (or `min`) to `max` seconds.
 fn secs(s: &str, min: f64, max: f64) -> Result<Duration, String> {

@@ -27,6 +27,8 @@ fn num(env: Env, var: &str) -> Result<Option<usize>, LaunchError> {
     }
 }
 
+const MAX_NODES_IN_JOB: usize = 1 << 20;
+
 /// Expand SLURM_TASKS_PER_NODE ("2(x3),1") into one count per node.
 pub fn slurm_tasks_per_node(text: &str) -> Result<Vec<usize>, LaunchError> {
     let bad = || {
@@ -42,8 +44,12 @@ pub fn slurm_tasks_per_node(text: &str) -> Result<Vec<usize>, LaunchError> {
         };
         let c: usize = count.parse().map_err(|_| bad())?;
         let t: usize = times.parse().map_err(|_| bad())?;
-        if t > 1 << 20 {
-            return Err(bad());
+        // No job has a million nodes: the bound keeps "1(x1048576)" x 10000 cheap.
+        if out.len().saturating_add(t) > MAX_NODES_IN_JOB {
+            return Err(LaunchError::Launcher(format!(
+                "SLURM_TASKS_PER_NODE={:?} lists more than {MAX_NODES_IN_JOB} nodes",
+                crate::export::quote(&text[..text.len().min(80)])
+            )));
         }
         out.extend(std::iter::repeat_n(c, t));
     }
@@ -170,6 +176,14 @@ pub fn detect(env: Env) -> Result<Launcher, LaunchError> {
             ));
         }
     };
+    if found.local_size > crate::cpuset::MAX_CPU {
+        return Err(LaunchError::Launcher(format!(
+            "{}: {} ranks on one node; threadwise plans at most {} (one per CPU)",
+            found.name,
+            found.local_size,
+            crate::cpuset::MAX_CPU
+        )));
+    }
     if found.local_size == 0 || found.local_rank >= found.local_size {
         return Err(LaunchError::Launcher(format!(
             "{}: local rank {} is not below the local size {}",
@@ -190,7 +204,11 @@ pub fn slurm_node_cpus(env: &dyn Fn(&str) -> Option<String>) -> Option<crate::cp
         let set = if kind.starts_with("mask_cpu") {
             crate::cpuset::CpuSet::parse_hex(item).ok()?
         } else if kind.starts_with("map_cpu") {
-            std::iter::once(item.trim().parse::<usize>().ok()?).collect()
+            let cpu = item.trim().parse::<usize>().ok()?;
+            if cpu > crate::cpuset::MAX_CPU {
+                return None;
+            }
+            std::iter::once(cpu).collect()
         } else {
             return None;
         };
@@ -304,6 +322,18 @@ mod tests {
                 .contains("LOCAL_RANK=\"x\" is not a number")
         );
         assert!(e(&[("LOCAL_RANK", "0")]).contains("LOCAL_WORLD_SIZE is not"));
+        let huge = u64::MAX.to_string();
+        assert!(e(&[("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", &huge)]).contains("at most 8192"));
+        let many = vec!["1(x1048576)"; 10000].join(",");
+        assert!(
+            e(&[("SLURM_LOCALID", "0"), ("SLURM_TASKS_PER_NODE", &many)]).contains("more than")
+        );
+        let env = |k: &str| match k {
+            "SLURM_CPU_BIND_TYPE" => Some("map_cpu:".to_string()),
+            "SLURM_CPU_BIND_LIST" => Some(format!("0,{}", u64::MAX)),
+            _ => None,
+        };
+        assert_eq!(slurm_node_cpus(&env), None, "an id past any CPU is no plan");
         assert!(e(&[("LOCAL_RANK", "2"), ("LOCAL_WORLD_SIZE", "2")]).contains("not below"));
         assert!(
             e(&[("SLURM_LOCALID", "0"), ("SLURM_TASKS_PER_NODE", "2(x")])

@@ -72,15 +72,58 @@ fn cpu_objects(t: &mut Topology, objects: &[Node]) -> Result<(), String> {
     Ok(())
 }
 
+/// Elements, text and attributes of one export: an 8192-CPU machine with every
+/// cache level is well under a million.
+const MAX_XML_NODES: u32 = 4_000_000;
+/// Element nesting: hwloc's trees are about 10-20 deep.
+const MAX_XML_DEPTH: usize = 256;
+
+/// Refuse what no hwloc export holds but hostile XML uses: entity
+/// declarations (expansion bombs) and deep nesting (stack exhaustion).
+fn check_shape(text: &str) -> Result<(), String> {
+    if text.contains("<!ENTITY") {
+        return Err("entity declarations are not part of an hwloc export".into());
+    }
+    let (mut depth, mut max) = (0usize, 0usize);
+    let b = text.as_bytes();
+    let mut i = 0;
+    while let Some(off) = b[i..].iter().position(|c| *c == b'<') {
+        i += off + 1;
+        match b.get(i) {
+            Some(b'/') => depth = depth.saturating_sub(1),
+            Some(c) if c.is_ascii_alphabetic() => {
+                // Find the tag's end; a self-closing tag does not nest.
+                let end = b[i..]
+                    .iter()
+                    .position(|c| *c == b'>')
+                    .map_or(b.len(), |e| i + e);
+                if b[end.saturating_sub(1)] != b'/' {
+                    depth += 1;
+                    max = max.max(depth);
+                }
+                i = end;
+            }
+            _ => {}
+        }
+        if max > MAX_XML_DEPTH {
+            return Err(format!("elements nested more than {MAX_XML_DEPTH} deep"));
+        }
+    }
+    Ok(())
+}
+
 /// Parse hwloc XML text. `name` is used in messages and the `source` field.
 pub fn parse(text: &str, name: &str) -> Result<Topology, TopologyError> {
     let err = |why: String| TopologyError::Xml {
         path: name.to_string(),
         why,
     };
+    check_shape(text).map_err(&err)?;
+    // hwloc's exports name their DTD, so DTDs are allowed; entity
+    // declarations (never in an export) were refused by check_shape.
     let opts = roxmltree::ParsingOptions {
         allow_dtd: true,
-        ..Default::default()
+        nodes_limit: MAX_XML_NODES,
     };
     let doc =
         roxmltree::Document::parse_with_options(text, opts).map_err(|e| err(e.to_string()))?;
@@ -283,6 +326,32 @@ mod tests {
         assert_eq!(t.gpus[0].numa_node, Some(0));
         assert_eq!(t.gpus[0].local_cpus.to_string(), "0-3");
         assert_eq!(t.numa_nodes[0].memory_bytes, 1024);
+    }
+
+    #[test]
+    fn hostile_shapes_are_refused_quickly() {
+        let deep = format!(
+            "<topology>{}{}</topology>",
+            "<object type=\"Group\">".repeat(20_000),
+            "</object>".repeat(20_000)
+        );
+        assert!(
+            parse(&deep, "x")
+                .unwrap_err()
+                .to_string()
+                .contains("nested more than")
+        );
+        let bomb = format!(
+            "<?xml version=\"1.0\"?><!DOCTYPE t [<!ENTITY e \"{}\">]><topology>{}</topology>",
+            "x".repeat(1000),
+            "&e;".repeat(5000)
+        );
+        assert!(
+            parse(&bomb, "x")
+                .unwrap_err()
+                .to_string()
+                .contains("entity declarations")
+        );
     }
 
     #[test]

@@ -35,6 +35,12 @@ pub enum TopologyError {
     VisibleDevices { value: String, why: String },
 }
 
+/// At most this many NUMA nodes (Linux's MAX_NUMNODES with NODES_SHIFT=10):
+/// the distance matrix is nodes², so the bound keeps hostile input cheap.
+pub const MAX_NODES: usize = 1024;
+/// At most this many GPUs or NICs (larger than any single machine).
+pub const MAX_DEVICES: usize = 4096;
+
 /// The PCI devices placement cares about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PciKind {

@@ -117,6 +117,19 @@ fn parse_spec(text: &str) -> Result<Spec, TopologyError> {
         .ok_or_else(|| err(format!("more than {MAX_CPU} CPUs")))?;
     let _ = total;
     let nodes = s.package * s.numa;
+    if nodes > super::MAX_NODES {
+        return Err(err(format!(
+            "{nodes} NUMA nodes: at most {}",
+            super::MAX_NODES
+        )));
+    }
+    if s.gpus > super::MAX_DEVICES || s.nics > super::MAX_DEVICES {
+        return Err(err(format!(
+            "at most {} GPUs and {} NICs",
+            super::MAX_DEVICES,
+            super::MAX_DEVICES
+        )));
+    }
     if let Some(g) = &s.gpu_nodes {
         if s.gpus == 0 {
             s.gpus = g.len();

@@ -42,7 +42,8 @@ impl Root<'_> {
     fn num<T: std::str::FromStr>(&self, rel: &str) -> Option<T> {
         self.read(rel)?.parse().ok()
     }
-    /// Names `prefix<N>` in a directory, as numbers, sorted.
+    /// Names `prefix<N>` in a directory, as numbers up to MAX_CPU, sorted
+    /// (a `cpu18446744073709551615` directory is no CPU).
     fn numbered(&self, rel: &str, prefix: &str) -> Vec<usize> {
         let Ok(rd) = std::fs::read_dir(self.path(rel)) else {
             return vec![];
@@ -50,6 +51,7 @@ impl Root<'_> {
         let mut v: Vec<usize> = rd
             .filter_map(|e| e.ok())
             .filter_map(|e| e.file_name().to_str()?.strip_prefix(prefix)?.parse().ok())
+            .filter(|n| *n <= crate::cpuset::MAX_CPU)
             .collect();
         v.sort_unstable();
         v
@@ -299,6 +301,7 @@ fn numa(r: &Root, t: &mut Topology) {
     if ids.is_empty() {
         ids = r.numbered(NODE_DIR, "node");
     }
+    ids.retain(|id| *id < super::MAX_NODES);
     let mut rows: Vec<(usize, Vec<u64>)> = vec![];
     for id in ids {
         let d = format!("{NODE_DIR}/node{id}");

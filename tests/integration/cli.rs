@@ -39,16 +39,16 @@ fn impossible_requests_name_what_is_short() {
         &["GPU 3 does not exist: 0 GPUs are visible"],
     );
     fails(&with(&s, &["-n", "gpu"]), 2, &["no GPU is visible"]);
-    fails(&with(&s, &["-n", "1000000000"]), 2, &["at most 65536"]);
+    fails(&with(&s, &["-n", "1000000000"]), 2, &["at most 8192"]);
     fails(
         &with(&s, &["-n", "18446744073709551615"]),
         2,
-        &["at most 65536"],
+        &["at most 8192"],
     );
     fails(
         &with(&s, &["--threads", "18446744073709551615"]),
         2,
-        &["at most 65536"],
+        &["at most 8192"],
     );
     fails(&with(&s, &["--gpus", ""]), 2, &["an empty list"]);
     // Files that are not topologies: refused at once, never read forever.
