@@ -204,16 +204,10 @@ fn parse_gpus(s: &str) -> Result<GpuSelect, String> {
     s.parse()
 }
 fn parse_amount(s: &str) -> Result<Amount, String> {
-    match s.parse()? {
-        Amount::Fixed(n) if n > MAX_RANKS => Err(format!("{n}: at most {MAX_RANKS}")),
-        a => Ok(a),
-    }
+    Amount::parse_workers(s)
 }
 fn parse_threads(s: &str) -> Result<Amount, String> {
-    match parse_amount(s)? {
-        Amount::Fixed(0) => Err("0 threads: give at least 1, or auto".into()),
-        a => Ok(a),
-    }
+    Amount::parse_threads(s)
 }
 
 #[derive(Args, Debug)]

@@ -87,7 +87,8 @@ fn dry_run(plan: &Plan, launches: &[RankLaunch]) -> String {
 
 /// A plan saved by `tune --save-plan`, checked against this machine.
 fn saved_plan(path: &std::path::Path, t: &Topology) -> Result<Plan, Failure> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    use crate::topology::fsread::{MAX_SYSFS_FILE, read_bounded};
+    let text = read_bounded(path, MAX_SYSFS_FILE).map_err(|e| {
         Failure::usage(
             format!("cannot read --plan {}: {e}", path.display()),
             "give a file from threadwise tune --save-plan or plan --json",
@@ -102,16 +103,26 @@ fn saved_plan(path: &std::path::Path, t: &Topology) -> Result<Plan, Failure> {
             "give a file from threadwise tune --save-plan or plan --json",
         )
     })?;
-    if p.schema != plan::PLAN_SCHEMA {
-        return Err(Failure::usage(
-            format!(
-                "--plan {}: schema {:?}, expected {}",
-                path.display(),
-                p.schema,
-                plan::PLAN_SCHEMA
-            ),
-            "re-create it with this version",
-        ));
+    p.validate().map_err(|why| {
+        Failure::usage(
+            format!("--plan {}: {why}", path.display()),
+            "re-create it with threadwise tune --save-plan or plan --json",
+        )
+    })?;
+    // A preload the file names is held to the rules of one we would choose.
+    for r in &p.ranks {
+        if let Some(lib) = r.env.get("LD_PRELOAD")
+            && let Some(why) = crate::host::preload_refusal(std::path::Path::new(lib))
+        {
+            return Err(Failure::usage(
+                format!(
+                    "--plan {}: rank {}: LD_PRELOAD={lib}: {why}",
+                    path.display(),
+                    r.local_rank
+                ),
+                "plan again on this machine (threadwise tune --save-plan)",
+            ));
+        }
     }
     if let Some(r) = p
         .ranks
@@ -127,12 +138,6 @@ fn saved_plan(path: &std::path::Path, t: &Topology) -> Result<Plan, Failure> {
                 t.allowed_cpus
             ),
             "the plan was made for another machine or cgroup; plan again here",
-        ));
-    }
-    if p.ranks.is_empty() {
-        return Err(Failure::usage(
-            format!("--plan {} has no ranks", path.display()),
-            "re-create it",
         ));
     }
     Ok(p)

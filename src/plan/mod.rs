@@ -129,6 +129,62 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Everything a plan read from a file must hold before anything starts
+    /// (`run --plan`): ranks 0..n once each, as many as `nproc`, memory nodes
+    /// that can exist, environment names a process can have.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.schema != PLAN_SCHEMA {
+            return Err(format!("schema {:?}, expected {PLAN_SCHEMA}", self.schema));
+        }
+        if self.ranks.is_empty() {
+            return Err("it has no ranks".into());
+        }
+        if self.ranks.len() != self.nproc {
+            return Err(format!(
+                "nproc is {} but it lists {} ranks",
+                self.nproc,
+                self.ranks.len()
+            ));
+        }
+        if self.nproc > crate::cpuset::MAX_CPU {
+            return Err(format!(
+                "{} ranks: at most {}",
+                self.nproc,
+                crate::cpuset::MAX_CPU
+            ));
+        }
+        for (i, r) in self.ranks.iter().enumerate() {
+            if r.local_rank != i {
+                return Err(format!(
+                    "ranks[{i}] has local_rank {}: ranks must be 0..{} in order, once each",
+                    r.local_rank, self.nproc
+                ));
+            }
+            if let Some(n) = r
+                .mem_nodes
+                .iter()
+                .find(|n| **n >= crate::topology::MAX_NODES)
+            {
+                return Err(format!("rank {i}: memory node {n} cannot exist"));
+            }
+            if r.bind && r.cpus.is_empty() {
+                return Err(format!("rank {i}: bound to no CPU"));
+            }
+            let names = r.env.keys().chain(self.unset_env.iter());
+            for k in names {
+                if k.is_empty() || k.contains(['=', '\0', '\n']) {
+                    return Err(format!(
+                        "rank {i}: {k:?} is not an environment variable name"
+                    ));
+                }
+            }
+            if let Some((k, _)) = r.env.iter().find(|(_, v)| v.contains('\0')) {
+                return Err(format!("rank {i}: the value of {k} holds a NUL byte"));
+            }
+        }
+        Ok(())
+    }
+
     /// Leave every thread-count variable out (each runtime then sizes its pool to
     /// all CPUs): the guides' starting point, measured by tune as "unset".
     pub fn unset_threads(&mut self) {

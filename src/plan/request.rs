@@ -224,6 +224,27 @@ impl FromStr for GpuSelect {
     }
 }
 
+/// At most this many threads or workers per rank: one per CPU we can read.
+pub const MAX_AMOUNT: usize = crate::cpuset::MAX_CPU;
+
+impl Amount {
+    /// A worker count as users type it: a number up to MAX_AMOUNT, or auto.
+    pub fn parse_workers(s: &str) -> Result<Amount, String> {
+        match s.parse()? {
+            Amount::Fixed(n) if n > MAX_AMOUNT => Err(format!("{n}: at most {MAX_AMOUNT}")),
+            a => Ok(a),
+        }
+    }
+
+    /// A thread count: as workers, and at least 1.
+    pub fn parse_threads(s: &str) -> Result<Amount, String> {
+        match Amount::parse_workers(s)? {
+            Amount::Fixed(0) => Err("0 threads: give at least 1, or auto".into()),
+            a => Ok(a),
+        }
+    }
+}
+
 macro_rules! string_conversions {
     ($($t:ty),*) => {$(
         impl From<$t> for String {

@@ -89,6 +89,14 @@ pub fn size(
         ));
         threads = budget_cap;
     }
+    if req.profile == Profile::Auto && budget < 1.0 {
+        reasons.push(format!(
+            "the cgroup CPU budget of {:.2} CPUs gives each of {nproc} rank(s) {budget:.2} CPU: \
+             less than one, so the quota throttles every rank whatever the threads; \
+             raise the quota or start fewer ranks",
+            topo.cpu_budget
+        ));
+    }
     if let Amount::Fixed(t) = req.threads {
         threads = t.max(1);
         if t > units {

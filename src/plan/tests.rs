@@ -288,3 +288,17 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_budget_below_one_cpu_per_rank_is_said() {
+    let t = crate::topology::synthetic::parse("core:4 quota:0.5").unwrap();
+    let p = plan(&t, &req(2), &Facts::default()).unwrap();
+    assert!(
+        p.ranks[0]
+            .reasons
+            .iter()
+            .any(|r| r.contains("less than one")),
+        "{:?}",
+        p.ranks[0].reasons
+    );
+}

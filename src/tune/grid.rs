@@ -50,8 +50,8 @@ fn apply_one(req: &mut PlanRequest, key: &str, value: &str) -> Result<bool, Grid
     };
     match key {
         "threads" if value == "unset" => return Ok(true),
-        "threads" => req.threads = value.parse::<Amount>().map_err(bad)?,
-        "workers" => req.workers = value.parse::<Amount>().map_err(bad)?,
+        "threads" => req.threads = Amount::parse_threads(value).map_err(bad)?,
+        "workers" => req.workers = Amount::parse_workers(value).map_err(bad)?,
         "policy" => req.policy = value.parse().map_err(bad)?,
         "allocator" => req.allocator = value.parse().map_err(bad)?,
         "mem" => req.mem = value.parse().map_err(bad)?,

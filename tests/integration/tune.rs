@@ -277,6 +277,8 @@ fn tune_errors_name_the_input() {
     fails(&["--work-layers", "0"], "--work-layers");
     fails(&["--metric", "(a)(b)"], "exactly one capture group");
     fails(&["--grid", "colour=red"], "unknown key \"colour\"");
+    fails(&["--grid", "threads=0"], "0 threads");
+    fails(&["--config", "big=workers=99999999"], "at most 8192");
     fails(&["--config", "x"], "expected NAME=key=value");
     fails(&["-n", "4096"], "4096 ranks need 4096 physical cores");
     fails(&["--", "no-such-command-xyz"], "command not found");
