@@ -176,7 +176,8 @@ fn plan_with(edit: impl FnOnce(&mut serde_json::Value)) -> (tempfile::TempDir, s
 
 #[test]
 fn plan_files_are_validated_before_anything_starts() {
-    let cases: Vec<(Box<dyn FnOnce(&mut serde_json::Value)>, &str)> = vec![
+    type Edit = Box<dyn FnOnce(&mut serde_json::Value)>;
+    let cases: Vec<(Edit, &str)> = vec![
         (
             Box::new(|p| p["ranks"][1]["local_rank"] = 0.into()),
             "ranks must be 0..2",
