@@ -164,11 +164,15 @@ fn check_bindings(launches: &mut [RankLaunch], allow_unbound: bool) -> Result<()
 }
 
 /// What the user sees at the end, and our exit code.
-fn finish_run(a: &RunCmd, outcome: &supervise::Outcome) -> Result<Exit, Failure> {
+fn finish_run(
+    a: &RunCmd,
+    outcome: &supervise::Outcome,
+    errors: &std::path::Path,
+) -> Result<Exit, Failure> {
     if !a.quiet {
         crate::say_text!(supervise::summary(outcome));
     }
-    if let Some(report) = supervise::failure_report(outcome) {
+    if let Some(report) = supervise::failure_report(outcome, Some(errors)) {
         crate::say_text!(report);
     } else if let Some(sig) = outcome.signal {
         crate::say!("threadwise: stopped by {}", crate::os::signal_name(sig));
@@ -220,8 +224,35 @@ pub fn run(a: RunCmd) -> Result<Exit, Failure> {
         note_overrides(first);
     }
     check_bindings(&mut launches, a.allow_unbound)?;
+    // Where torch's @record puts a failing rank's exception, as torchrun sets
+    // it: beside the logs, or in a private directory removed at the end.
+    let private = match &a.log_dir {
+        Some(_) => None,
+        None => Some(
+            tempfile::Builder::new()
+                .prefix("threadwise-errors-")
+                .tempdir()
+                .map_err(|e| {
+                    Failure::env(
+                        format!("cannot create a directory for the ranks' error files: {e}"),
+                        "check TMPDIR",
+                    )
+                })?,
+        ),
+    };
+    let errors = a.log_dir.clone().unwrap_or_else(|| {
+        private
+            .as_ref()
+            .map(|d| d.path().to_path_buf())
+            .unwrap_or_default()
+    });
     for l in &mut launches {
         l.program = Some(program.clone());
+        let f = crate::launch::env::error_file(&errors, l.local_rank);
+        // A previous run's record is no root cause of this one.
+        let _ = std::fs::remove_file(&f);
+        l.env
+            .insert("TORCHELASTIC_ERROR_FILE".into(), f.display().to_string());
     }
     let opts = RunOptions {
         grace: a.grace,
@@ -237,7 +268,7 @@ pub fn run(a: RunCmd) -> Result<Exit, Failure> {
         crate::say!("threadwise: warning: {w}");
     }
     let outcome = supervise::run(&launches, &opts)?;
-    finish_run(&a, &outcome)
+    finish_run(&a, &outcome, &errors)
 }
 
 /// Hand the job to torchrun's elastic agent; each rank runs `threadwise bind`.

@@ -35,6 +35,10 @@ pub fn torchrun_env(job: &Job, local: usize) -> BTreeMap<String, String> {
         // Rank 0 hosts the TCPStore itself: there is no agent store.
         ("TORCHELASTIC_USE_AGENT_STORE", "False".to_string()),
         ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1".to_string()),
+        (
+            "TORCHELASTIC_SIGNALS_TO_HANDLE",
+            SIGNALS_TO_HANDLE.to_string(),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -70,6 +74,39 @@ pub fn overridden(
         .collect()
 }
 
+/// What torchrun's agent tells ranks about signals it handles.
+pub const SIGNALS_TO_HANDLE: &str = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+
+/// Where rank `local` records its exception (torch's `@record` writes
+/// `TORCHELASTIC_ERROR_FILE`): `rank-K.error.json` in `dir`.
+pub fn error_file(dir: &std::path::Path, local: usize) -> std::path::PathBuf {
+    dir.join(format!("rank-{local}.error.json"))
+}
+
+/// The exception a rank recorded, as torchrun prints its root cause: the
+/// message, then the traceback. None when the file is absent or not torch's.
+pub fn recorded_error(path: &std::path::Path) -> Option<String> {
+    use crate::topology::fsread::{MAX_SYSFS_FILE, read_bounded};
+    let text = read_bounded(path, MAX_SYSFS_FILE).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let m = &v["message"];
+    // Python errors: {"message": {"message": "...", "extraInfo": {"py_callstack": ...}}};
+    // errors from C++ keep a plain string.
+    let (message, trace) = match m {
+        serde_json::Value::String(s) => (s.clone(), None),
+        o => (
+            o["message"].as_str()?.to_string(),
+            o["extraInfo"]["py_callstack"].as_str().map(str::to_string),
+        ),
+    };
+    let mut out = message;
+    if let Some(t) = trace.filter(|t| !t.trim().is_empty()) {
+        out.push('\n');
+        out.push_str(t.trim_end());
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,5 +139,26 @@ mod tests {
             vec![("RANK".into(), "7".into(), "2".into())]
         );
         assert!(free_port().unwrap() > 0);
+    }
+
+    #[test]
+    fn recorded_errors_in_both_shapes() {
+        let d = tempfile::tempdir().unwrap();
+        let f = error_file(d.path(), 1);
+        assert_eq!(recorded_error(&f), None);
+        std::fs::write(
+            &f,
+            r#"{"message": {"message": "ValueError: bad lr", "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"t.py\", line 3\nValueError: bad lr\n", "timestamp": "1"}}}"#,
+        )
+        .unwrap();
+        let e = recorded_error(&f).unwrap();
+        assert!(e.starts_with("ValueError: bad lr\nTraceback"), "{e}");
+        std::fs::write(&f, r#"{"message": "c10::Error: CUDA out of memory"}"#).unwrap();
+        assert_eq!(
+            recorded_error(&f).unwrap(),
+            "c10::Error: CUDA out of memory"
+        );
+        std::fs::write(&f, "not json").unwrap();
+        assert_eq!(recorded_error(&f), None);
     }
 }

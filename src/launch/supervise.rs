@@ -537,7 +537,9 @@ pub fn summary(o: &Outcome) -> String {
 }
 
 /// What to say about a failure: which rank, its pid, how, and its stderr tail.
-pub fn failure_report(o: &Outcome) -> Option<String> {
+/// With `errors`, the directory of the ranks' TORCHELASTIC_ERROR_FILEs: the
+/// exception the failing rank recorded is its root cause, as torchrun says.
+pub fn failure_report(o: &Outcome, errors: Option<&std::path::Path>) -> Option<String> {
     let i = o.first_failure?;
     let r = &o.results[i];
     let mut s = format!(
@@ -546,8 +548,21 @@ pub fn failure_report(o: &Outcome) -> Option<String> {
         r.pid,
         r.exit.describe()
     );
+    let recorded = errors.and_then(|d| {
+        let f = super::env::error_file(d, r.local_rank);
+        Some((super::env::recorded_error(&f)?, f))
+    });
     let tail = o.tails.get(i).cloned().unwrap_or_default();
-    if tail.is_empty() {
+    if let Some((cause, file)) = recorded {
+        s.push_str(&format!(
+            "root cause (recorded by rank {} in {}):\n",
+            r.local_rank,
+            file.display()
+        ));
+        for l in cause.lines() {
+            s.push_str(&format!("  | {l}\n"));
+        }
+    } else if tail.is_empty() {
         s.push_str("  (its stderr was empty)\n");
     } else {
         s.push_str(&format!("last {} line(s) of its stderr:\n", tail.len()));

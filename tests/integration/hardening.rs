@@ -232,3 +232,38 @@ fn plan_files_are_validated_before_anything_starts() {
         assert!(!marker.exists(), "{needle}: a rank started");
     }
 }
+
+/// torch's `@record` writes the exception to TORCHELASTIC_ERROR_FILE; like
+/// torchrun, run prints it as the failing rank's root cause.
+#[test]
+fn a_recorded_exception_is_the_root_cause() {
+    let script = r#"
+if [ "$RANK" = 1 ]; then
+  printf '{"message": {"message": "ValueError: lr must be positive", "extraInfo": {"py_callstack": "Traceback (most recent call last):\\n  File \\"train.py\\", line 9, in main\\nValueError: lr must be positive\\n", "timestamp": "0"}}}' > "$TORCHELASTIC_ERROR_FILE"
+  echo "noise on stderr" >&2
+  exit 1
+fi
+[ "$TORCHELASTIC_SIGNALS_TO_HANDLE" = "SIGTERM,SIGINT,SIGHUP,SIGQUIT" ] || exit 9
+sleep 5"#;
+    for log_dir in [false, true] {
+        let d = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(bin());
+        cmd.args(["run", "-n", "2", "-q"]);
+        if log_dir {
+            cmd.arg("--log-dir").arg(d.path());
+        }
+        let out = cmd.args(["--", "sh", "-c", script]).output().unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains("error: rank 1 (pid"), "{err}");
+        assert!(err.contains("root cause (recorded by rank 1 in "), "{err}");
+        assert!(err.contains("  | ValueError: lr must be positive"), "{err}");
+        assert!(
+            err.contains("  |   File \"train.py\", line 9, in main"),
+            "{err}"
+        );
+        if log_dir {
+            assert!(d.path().join("rank-1.error.json").is_file());
+        }
+    }
+}
