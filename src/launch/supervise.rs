@@ -108,6 +108,27 @@ struct Running {
     pid: i32,
     started: Instant,
     result: Option<RankResult>,
+    /// The highest VmHWM seen after exec: the rank's own peak RSS.
+    hwm_kib: Option<i64>,
+}
+
+/// How often the ranks' peak RSS is read from /proc while they run.
+const RSS_SAMPLE: Duration = Duration::from_millis(100);
+
+/// A rank's VmHWM, once it runs its own program (before exec it is a copy of
+/// us, and wait4's ru_maxrss keeps that copy's size: our heap, not the rank's).
+fn own_hwm_kib(pid: i32) -> Option<i64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let mut name = "";
+    let mut hwm = None;
+    for l in status.lines() {
+        if let Some(v) = l.strip_prefix("Name:") {
+            name = v.trim();
+        } else if let Some(v) = l.strip_prefix("VmHWM:") {
+            hwm = v.trim().trim_end_matches("kB").trim().parse().ok();
+        }
+    }
+    (name != "threadwise").then_some(hwm).flatten()
 }
 
 fn spawn_rank(
@@ -315,6 +336,8 @@ struct Watch {
     deadline: Option<Instant>,
     timed_out: bool,
     grace: Duration,
+    /// Our RSS when the ranks were forked: what their copy of us weighed.
+    fork_rss_kib: i64,
 }
 
 impl Watch {
@@ -354,18 +377,33 @@ impl Watch {
         })
     }
 
+    /// Read every live rank's peak RSS.
+    fn sample_rss(&mut self) {
+        for r in self.running.iter_mut().filter(|r| r.result.is_none()) {
+            if let Some(h) = own_hwm_kib(r.pid) {
+                r.hwm_kib = Some(r.hwm_kib.map_or(h, |o| o.max(h)));
+            }
+        }
+    }
+
     fn on_exit(&mut self, ranks: &[RankLaunch], pid: i32, status: libc::c_int, ru: &libc::rusage) {
         let Some(i) = self.running.iter().position(|r| r.pid == pid) else {
             return; // an orphan re-parented to us
         };
         let exit = Exit::from_status(status);
+        // wait4's peak is max(the fork-time copy of us, the rank's own): above
+        // our size it is exact; else the rank's own peak is the sampled one.
+        let max_rss_kib = match self.running[i].hwm_kib {
+            Some(h) if ru.ru_maxrss <= self.fork_rss_kib + self.fork_rss_kib / 8 + 1024 => h,
+            _ => ru.ru_maxrss,
+        };
         self.running[i].result = Some(RankResult {
             local_rank: ranks[i].local_rank,
             pid,
             exit,
             wall: self.running[i].started.elapsed(),
             cpu: timeval(ru.ru_utime) + timeval(ru.ru_stime),
-            max_rss_kib: ru.ru_maxrss,
+            max_rss_kib,
             voluntary_cs: ru.ru_nvcsw,
             involuntary_cs: ru.ru_nivcsw,
         });
@@ -420,6 +458,13 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
     // Where the machine allows it, the job's processes share a cgroup that is
     // killed as a whole (also by the watchdog, should we be SIGKILLed).
     let cgroup = JobCgroup::create().ok();
+    let fork_rss_kib = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let l = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+            l[6..].trim().trim_end_matches("kB").trim().parse().ok()
+        })
+        .unwrap_or(0);
     let start = Instant::now();
     let mut children = spawn_all(ranks, opts, cgroup.as_ref())?;
     let mut w = Watch {
@@ -429,6 +474,7 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
                 pid: c.id() as i32,
                 started: Instant::now(),
                 result: None,
+                hwm_kib: None,
             })
             .collect(),
         first_failure: None,
@@ -437,11 +483,24 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
         deadline: opts.timeout.map(|t| start + t),
         timed_out: false,
         grace: opts.grace,
+        fork_rss_kib,
     };
     let state = Arc::new(OutputState::default());
     let (pumps, tails) = start_pumps(ranks, &mut children, opts, &state);
+    let mut next_sample = Instant::now() + Duration::from_millis(10);
     while w.running.iter().any(|r| r.result.is_none()) {
-        let got = signals.wait(w.wait_ms());
+        let until_sample = next_sample
+            .saturating_duration_since(Instant::now())
+            .as_millis() as i32;
+        let wait = match w.wait_ms() {
+            -1 => until_sample,
+            ms => ms.min(until_sample),
+        };
+        let got = signals.wait(wait.max(0));
+        if Instant::now() >= next_sample {
+            w.sample_rss();
+            next_sample = Instant::now() + RSS_SAMPLE;
+        }
         for (pid, status, ru) in reap() {
             w.on_exit(ranks, pid, status, &ru);
         }
