@@ -1,5 +1,5 @@
 //! Rank output: each rank's stdout and stderr are read concurrently (a full
-//! pipe never blocks a rank) in 64 KiB chunks. On the terminal, every write
+//! pipe never blocks a rank) in chunks of up to 256 KiB. On the terminal, every write
 //! holds whole lines only, under one lock, so no rank's line is cut by
 //! another's; with `[rank K] ` prefixes (the default) each line and each
 //! carriage-return update (tqdm) gets the prefix, and a line that already
@@ -97,6 +97,8 @@ struct Pump {
     pending: Vec<u8>,
     /// The terminal output is at the start of a line.
     at_start: bool,
+    /// The terminal bytes of one chunk (kept to reuse its allocation).
+    out: Vec<u8>,
 }
 
 impl Pump {
@@ -173,7 +175,8 @@ impl Pump {
         self.log(data);
         let mut pending = std::mem::take(&mut self.pending);
         pending.extend_from_slice(data);
-        let mut out = Vec::new();
+        let mut out = std::mem::take(&mut self.out);
+        out.clear();
         let start = if self.prefix.is_none() && self.sink.is_none() && self.tail.is_none() {
             // Plain copy: everything up to the last newline, in one piece.
             let end = pending
@@ -210,6 +213,7 @@ impl Pump {
             }
         }
         self.show_bytes(&out);
+        self.out = out;
     }
 
     /// The end of the pipe: the last unterminated line.
@@ -290,11 +294,12 @@ pub fn pump(
         state,
         pending: Vec::new(),
         at_start: true,
+        out: Vec::new(),
     };
     // A small stack: the thread only copies bytes, and 2 threads per rank add up.
     let builder = std::thread::Builder::new().stack_size(128 * 1024);
     let spawned = builder.spawn(move || {
-        let mut buf = vec![0u8; 64 * 1024];
+        let mut buf = vec![0u8; 256 * 1024];
         loop {
             let n = match pipe.read(&mut buf) {
                 Ok(0) => break,
@@ -333,6 +338,7 @@ mod tests {
             state: Arc::default(),
             pending: vec![],
             at_start: true,
+            out: vec![],
         }
     }
 
