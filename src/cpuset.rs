@@ -443,6 +443,18 @@ mod tests {
             let _ = CpuSet::parse_hex(&s);
         }
 
+        /// Ranges and masks naming any CPU: an error past MAX_CPU, never a
+        /// bitmap of gigabytes.
+        #[test]
+        fn huge_ids_are_refused(a in any::<u64>(), b in any::<u64>(), width in 0usize..5000) {
+            if let Ok(s) = CpuSet::parse_list(&format!("{}-{}", a.min(b), a.max(b))) {
+                prop_assert!(s.last().unwrap_or(0) <= MAX_CPU);
+            }
+            if let Ok(s) = CpuSet::parse_mask(&format!("1{}", "0".repeat(width))) {
+                prop_assert!(s.last().unwrap_or(0) <= MAX_CPU);
+            }
+        }
+
         #[test]
         fn mask_parser_never_panics(s in "[0-9a-fx,\\s\\x00]{0,80}") {
             let _ = CpuSet::parse_mask(&s);

@@ -302,3 +302,45 @@ fn a_budget_below_one_cpu_per_rank_is_said() {
         p.ranks[0].reasons
     );
 }
+
+/// Plan files as a user may hand-edit them: any field replaced by any JSON
+/// value. Reading and validating never panics, and a plan that passes holds
+/// the invariants `run --plan` relies on.
+mod plan_files {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn value() -> impl Strategy<Value = serde_json::Value> {
+        prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<u64>().prop_map(serde_json::Value::from),
+            Just(serde_json::json!(1e300)),
+            "[a-z=\n0-9,-]{0,12}".prop_map(serde_json::Value::from),
+            Just(serde_json::json!([0, 1_000_000_000_000u64])),
+            Just(serde_json::json!({"A=B": "x"})),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        #[test]
+        fn mangled_plans_never_panic(field in 0usize..12, rank_field in any::<bool>(), v in value()) {
+            let t = crate::topology::synthetic::parse("core:4").unwrap();
+            let p = plan(&t, &req(2), &Facts::default()).unwrap();
+            let mut j = serde_json::to_value(&p).unwrap();
+            let target = if rank_field { &mut j["ranks"][0] } else { &mut j };
+            let keys: Vec<String> = target.as_object().unwrap().keys().cloned().collect();
+            let k = keys[field % keys.len()].clone();
+            target[k.as_str()] = v;
+            if let Ok(back) = serde_json::from_value::<Plan>(j)
+                && back.validate().is_ok()
+            {
+                prop_assert_eq!(back.ranks.len(), back.nproc);
+                prop_assert!(back.ranks.iter().enumerate().all(|(i, r)| r.local_rank == i));
+                prop_assert!(back.ranks.iter().all(|r| r.mem_nodes.iter().all(|n| *n < crate::topology::MAX_NODES)));
+            }
+        }
+    }
+}

@@ -308,5 +308,22 @@ mod tests {
         fn never_panics(s in "[a-z0-9:,. -]{0,40}") {
             let _ = parse(&s);
         }
+
+        /// Any counts, however large: an error, or a machine within the
+        /// bounds (never an n² matrix of 65536 nodes).
+        #[test]
+        fn any_counts_stay_within_the_bounds(
+            c in proptest::collection::vec(prop_oneof![1usize..8, 1usize..100_000, Just(usize::MAX)], 6),
+        ) {
+            let desc = format!(
+                "package:{} numa:{} l3:{} core:{} pu:{} gpu:{}",
+                c[0], c[1], c[2], c[3], c[4], c[5]
+            );
+            if let Ok(t) = parse(&desc) {
+                prop_assert!(t.online_cpus.len() <= MAX_CPU);
+                prop_assert!(t.numa_nodes.len() <= crate::topology::MAX_NODES);
+                prop_assert!(t.gpus.len() <= crate::topology::MAX_DEVICES);
+            }
+        }
     }
 }
