@@ -159,8 +159,10 @@ impl Drop for JobCgroup {
         kill_dir(&self.dir);
         let _ = std::fs::remove_dir(&self.dir);
         if let Some(mut w) = self.watchdog.take() {
-            drop(w.stdin.take()); // the watchdog finds the cgroup gone and exits
-            let _ = w.wait();
+            // The watchdog finds the cgroup gone and exits; it is reaped with
+            // the next wait4 (or by init once we are gone), not waited for.
+            drop(w.stdin.take());
+            let _ = w.try_wait();
         }
     }
 }
