@@ -83,4 +83,7 @@ fn main() {
         20,
         || run(&["plan", "--json", "--synthetic", big_desc]),
     );
+    measure("process: threadwise doctor --no-python --json", 20, || {
+        run(&["doctor", "--no-python", "--json"])
+    });
 }

@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod cpuset;
+pub mod doctor;
 pub mod export;
 pub mod files;
 pub mod host;

@@ -38,6 +38,8 @@ pub enum Command {
     Bind(BindCmd),
     /// Measure configurations on your training command (or the built-in workload)
     Tune(TuneCmd),
+    /// Check the machine and environment for what slows training down, with fixes
+    Doctor(DoctorCmd),
     /// Print a shell completion script: threadwise completions bash > /etc/bash_completion.d/threadwise
     Completions {
         #[arg(value_enum)]
@@ -243,6 +245,9 @@ pub struct RunCmd {
     /// Start ranks unbound when the kernel refuses the binding
     #[arg(long)]
     pub allow_unbound: bool,
+    /// Skip the quick doctor checks before starting
+    #[arg(long)]
+    pub no_doctor: bool,
     /// No per-rank summary at the end
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -270,6 +275,49 @@ pub struct RunCmd {
     /// The command each rank runs (no shell in between)
     #[arg(last = true, value_name = "CMD", required = true)]
     pub command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+pub struct DoctorCmd {
+    /// Check the sysfs/procfs of a dump instead of this machine (environment,
+    /// limits and PATH stay this process's)
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// Print the threadwise.doctor/1 JSON document
+    #[arg(long)]
+    pub json: bool,
+    /// Also list the checks that passed
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+    /// Print a shell script of the fixes
+    #[arg(long)]
+    pub fix: bool,
+    /// With --fix: write the sysctl settings to FILE (a sysctl.d file)
+    #[arg(long, value_name = "FILE", requires = "fix")]
+    pub write: Option<PathBuf>,
+    /// Local ranks you mean to start (default: one per GPU, else 1)
+    #[arg(short = 'n', long = "nproc-per-node", value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..=MAX_RANKS as u64).map(|v| v as usize))]
+    pub nproc: Option<usize>,
+    /// DataLoader workers per rank, for the /dev/shm check
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(0..=MAX_RANKS as u64).map(|v| v as usize))]
+    pub workers: Option<usize>,
+    /// A multi-node job's HOST:PORT: check that it resolves
+    #[arg(long, value_name = "HOST:PORT")]
+    pub rdzv_endpoint: Option<String>,
+    /// The Python to probe (default: python3 on PATH)
+    #[arg(long, value_name = "PATH", conflicts_with = "no_python")]
+    pub python: Option<PathBuf>,
+    /// Skip the Python probe (torch versions, OpenMP runtimes)
+    #[arg(long)]
+    pub no_python: bool,
+    /// Seconds the Python probe may take
+    #[arg(long, default_value = "20", value_name = "SECS", value_parser = parse_probe_timeout)]
+    pub python_timeout: Duration,
+}
+
+fn parse_probe_timeout(s: &str) -> Result<Duration, String> {
+    secs(s, 0.1, 600.0)
 }
 
 #[derive(Args, Debug)]

@@ -223,6 +223,9 @@ pub fn run(a: RunCmd) -> Result<Exit, Failure> {
     if let Some(first) = launches.first() {
         note_overrides(first);
     }
+    if !a.no_doctor {
+        super::doctor::preflight(&t, p.nproc);
+    }
     check_bindings(&mut launches, a.allow_unbound)?;
     // Where torch's @record puts a failing rank's exception, as torchrun sets
     // it: beside the logs, or in a private directory removed at the end.

@@ -2,6 +2,7 @@
 //! subcommand runs. Nothing outside this module knows about clap.
 
 mod args;
+mod doctor;
 mod launch;
 mod settings;
 mod topo;
@@ -107,6 +108,7 @@ pub fn main() -> i32 {
         Command::Run(a) => launch::run(a),
         Command::Bind(a) => launch::bind_cmd(a),
         Command::Tune(a) => tune::tune_cmd(a),
+        Command::Doctor(a) => doctor::doctor(a),
         c @ (Command::Completions { .. } | Command::Man) => generated(&c),
         Command::Watchdog { dir } => Ok(Exit(crate::launch::contain::watchdog(&dir))),
     };

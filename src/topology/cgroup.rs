@@ -224,9 +224,11 @@ pub fn probe(root: &Path) -> CgroupLimits {
             out.path.get_or_insert(path);
         }
     }
+    // v2's path, or (dumps with only proc/self/cpuset) the cpuset's, which
+    // in the unified hierarchy is the same cgroup.
     if out.quota.is_none()
         && let Some(m) = v2_mount
-        && let Some(path) = v2_path
+        && let Some(path) = v2_path.or(old_cpuset_path)
     {
         out.quota = quota_up_v2(&ancestry(root, &m.point, &path));
         if out.quota.is_some() {

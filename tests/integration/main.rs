@@ -3,6 +3,7 @@
 
 mod cgroups;
 mod cli;
+mod doctor;
 mod hardening;
 mod plans;
 mod run;

@@ -1,0 +1,543 @@
+//! Checks of the environment and the process: thread variables, container
+//! limits, the network for multi-node jobs, allocators, tools, GPUs.
+
+use super::sys::{Limit, Sys};
+use super::{Area, Finding, Request, Severity};
+use crate::topology::Topology;
+
+const MIB: u64 = 1 << 20;
+
+/// The ranks the user means: asked for, else one per GPU, else one.
+pub fn ranks(topo: &Topology, req: &Request) -> usize {
+    req.nproc.unwrap_or(topo.gpus.len().max(1))
+}
+
+pub fn threads(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
+    let n = ranks(topo, req);
+    let budget = topo.cpu_budget;
+    let cpus = topo.allowed_cpus.len();
+    match sys.env("OMP_NUM_THREADS") {
+        None => {
+            let sev = if n > 1 { Severity::Warn } else { Severity::Info };
+            let per = ((budget / n as f64).floor() as usize).max(1);
+            out.push(
+                Finding::new(
+                    "threads.unset",
+                    Area::Threads,
+                    sev,
+                    format!(
+                        "OMP_NUM_THREADS is unset: each of {n} rank(s) sizes its OpenMP/MKL pool to all {cpus} CPUs"
+                    ),
+                )
+                .evidence(format!(
+                    "{n} rank(s) x {cpus} threads on a budget of {budget:.2} CPUs"
+                ))
+                .fix(format!(
+                    "threadwise run -n {n} -- CMD   # sets it per rank; or: export OMP_NUM_THREADS={per} MKL_NUM_THREADS={per}"
+                )),
+            );
+        }
+        Some(v) => match v.trim().parse::<usize>() {
+            Ok(t) if t >= 1 => {
+                let busy = t * n;
+                if busy as f64 > budget * 1.01 {
+                    let per = ((budget / n as f64).floor() as usize).max(1);
+                    out.push(
+                        Finding::new(
+                            "threads.oversubscribed",
+                            Area::Threads,
+                            Severity::Warn,
+                            format!(
+                                "{n} rank(s) x OMP_NUM_THREADS={t} = {busy} threads on {budget:.2} CPUs"
+                            ),
+                        )
+                        .evidence(format!("OMP_NUM_THREADS={v}"))
+                        .fix(format!("export OMP_NUM_THREADS={per} MKL_NUM_THREADS={per}")),
+                    );
+                } else {
+                    out.push(
+                        Finding::new(
+                            "threads.set",
+                            Area::Threads,
+                            Severity::Ok,
+                            format!("OMP_NUM_THREADS={t} fits {n} rank(s) on {budget:.2} CPUs"),
+                        )
+                        .evidence(format!("OMP_NUM_THREADS={v}")),
+                    );
+                }
+            }
+            _ => out.push(
+                Finding::new(
+                    "threads.invalid",
+                    Area::Threads,
+                    Severity::Fail,
+                    "OMP_NUM_THREADS is not a positive number: OpenMP ignores it and uses every CPU",
+                )
+                .evidence(format!("OMP_NUM_THREADS={v:?}"))
+                .fix("export OMP_NUM_THREADS=1   # or unset it and use threadwise run"),
+            ),
+        },
+    }
+    // Variables that pin the main thread at `import torch`: DataLoader workers
+    // inherit its one-CPU mask (PyTorch #107366, #101850).
+    let traps: Vec<String> = ["KMP_AFFINITY", "GOMP_CPU_AFFINITY", "OMP_PROC_BIND"]
+        .iter()
+        .filter_map(|k| {
+            let v = sys.env(k)?;
+            let pins = match *k {
+                "OMP_PROC_BIND" => !matches!(v.trim().to_lowercase().as_str(), "" | "false"),
+                _ => !v.trim().is_empty() && !v.contains("disabled"),
+            };
+            pins.then(|| format!("{k}={v}"))
+        })
+        .collect();
+    if !traps.is_empty() {
+        let unset: Vec<&str> = traps.iter().filter_map(|t| t.split('=').next()).collect();
+        out.push(
+            Finding::new(
+                "threads.cpu0-trap",
+                Area::Threads,
+                Severity::Warn,
+                "a thread-affinity variable pins the main thread to one CPU at import torch; \
+                 DataLoader workers inherit that one-CPU mask",
+            )
+            .evidence(traps.join(" "))
+            .fix(format!(
+                "unset {}   # threadwise binds each rank to its cores instead",
+                unset.join(" ")
+            )),
+        );
+    }
+}
+
+fn shm_need(topo: &Topology, req: &Request) -> u64 {
+    // A DataLoader batch in flight per worker, prefetch 2: ~128 MiB a worker.
+    (ranks(topo, req) as u64)
+        .saturating_mul(req.workers.unwrap_or(4).max(1) as u64)
+        .saturating_mul(128 * MIB)
+}
+
+pub fn container(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
+    let visible = topo.allowed_cpus.len();
+    if let Some(q) = topo.limits.cpu_quota
+        && q + 0.01 < visible as f64
+    {
+        out.push(
+            Finding::new(
+                "container.cpu-quota",
+                Area::Container,
+                Severity::Warn,
+                format!(
+                    "the cgroup CPU quota is {q:.2} CPUs but {visible} CPUs are visible: \
+                     os.cpu_count() and PyTorch's defaults size pools for {visible}"
+                ),
+            )
+            .evidence(format!(
+                "quota {q:.2} CPUs ({}), cpuset {}",
+                topo.limits.cgroup_path.as_deref().unwrap_or("?"),
+                topo.allowed_cpus
+            ))
+            .fix("threadwise run -n N -- CMD   # sizes threads to the budget; or raise the quota (docker --cpus)"),
+        );
+    }
+    if topo.allowed_cpus != topo.online_cpus {
+        out.push(
+            Finding::new(
+                "container.cpuset",
+                Area::Container,
+                Severity::Info,
+                format!(
+                    "this process may use {} of {} online CPUs",
+                    topo.allowed_cpus.len(),
+                    topo.online_cpus.len()
+                ),
+            )
+            .evidence(format!(
+                "allowed {}, online {}",
+                topo.allowed_cpus, topo.online_cpus
+            )),
+        );
+        for g in &topo.gpus {
+            let Some(node) = g.numa_node else { continue };
+            let Some(n) = topo.numa_nodes.iter().find(|n| n.id == node) else {
+                continue;
+            };
+            if !n.cpus.is_empty() && !n.cpus.intersects(&topo.allowed_cpus) {
+                out.push(
+                    Finding::new(
+                        "container.cpuset-gpu-node",
+                        Area::Container,
+                        Severity::Warn,
+                        format!(
+                            "GPU {} sits on NUMA node {node}, but the cpuset allows none of its CPUs: \
+                             its rank feeds it across the interconnect",
+                            g.bus_id
+                        ),
+                    )
+                    .evidence(format!("node {node} cpus {}, allowed {}", n.cpus, topo.allowed_cpus))
+                    .fix(format!("give the job CPUs of node {node} (docker --cpuset-cpus, Slurm --cpu-bind)")),
+                );
+            }
+        }
+    }
+    if let Some(size) = sys.fs_size("/dev/shm") {
+        let need = shm_need(topo, req);
+        let gib = |b: u64| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64);
+        let (sev, title) = if size <= 64 * MIB {
+            (
+                Severity::Fail,
+                format!(
+                    "/dev/shm is {} MiB (Docker's default): DataLoader workers die with a bus error",
+                    size / MIB
+                ),
+            )
+        } else if size < need {
+            (
+                Severity::Warn,
+                format!(
+                    "/dev/shm is {}; {} DataLoader workers want about {}",
+                    gib(size),
+                    need / (128 * MIB),
+                    gib(need)
+                ),
+            )
+        } else {
+            (Severity::Ok, format!("/dev/shm is {}", gib(size)))
+        };
+        let mut f = Finding::new("container.shm", Area::Container, sev, title)
+            .evidence(format!("statvfs(/dev/shm): {size} bytes"));
+        if sev != Severity::Ok {
+            f = f.fix(format!(
+                "docker run --shm-size={0}g ...   # or: mount -o remount,size={0}G /dev/shm",
+                need.div_ceil(1 << 30).max(1)
+            ));
+        }
+        out.push(f);
+    }
+    if let Some((soft, hard)) = sys.rlimit(Limit::OpenFiles)
+        && soft < 4096
+    {
+        out.push(
+            Finding::new(
+                "container.open-files",
+                Area::Container,
+                Severity::Warn,
+                format!(
+                    "at most {soft} open files: DataLoader workers pass tensors as file descriptors \
+                     and run out (\"received 0 items of ancdata\")"
+                ),
+            )
+            .evidence(format!("RLIMIT_NOFILE soft {soft}, hard {hard}"))
+            .fix(format!("ulimit -n {}", hard.clamp(4096, 1 << 20))),
+        );
+    }
+    let rdma = topo.nics.iter().any(|n| n.vendor == "0x15b3");
+    if let Some((soft, _)) = sys.rlimit(Limit::LockedMemory)
+        && (rdma || !topo.gpus.is_empty())
+        && soft != u64::MAX
+        && soft < 64 * MIB
+    {
+        out.push(
+            Finding::new(
+                "container.locked-memory",
+                Area::Container,
+                Severity::Warn,
+                format!(
+                    "locked memory is limited to {} KiB: pin_memory and RDMA (NCCL over InfiniBand) need more",
+                    soft / 1024
+                ),
+            )
+            .evidence(format!("RLIMIT_MEMLOCK soft {soft} bytes"))
+            .fix("ulimit -l unlimited   # docker: --ulimit memlock=-1"),
+        );
+    }
+}
+
+pub fn network(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
+    let multi = req.rdzv_endpoint.is_some();
+    if let Some(v) = sys.read("/proc/sys/net/core/somaxconn")
+        && let Ok(n) = v.trim().parse::<u64>()
+        && n < 4096
+    {
+        out.push(
+            Finding::new(
+                "network.somaxconn",
+                Area::Network,
+                if multi { Severity::Warn } else { Severity::Info },
+                format!(
+                    "net.core.somaxconn is {n}: the rendezvous store's listen queue overflows when many ranks connect at once"
+                ),
+            )
+            .evidence(format!("/proc/sys/net/core/somaxconn = {n}"))
+            .sysctl("net.core.somaxconn", "4096"),
+        );
+    }
+    if let Some(ep) = &req.rdzv_endpoint {
+        let parsed = ep
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h.trim_matches(['[', ']']), p.parse::<u16>().ok()?)));
+        let f = match parsed {
+            None => Finding::new(
+                "network.rdzv",
+                Area::Network,
+                Severity::Fail,
+                format!("--rdzv-endpoint {ep:?} is not HOST:PORT"),
+            )
+            .fix("--rdzv-endpoint node0:29400"),
+            Some((host, port)) => match sys.resolve(host, port) {
+                Ok(()) => Finding::new(
+                    "network.rdzv",
+                    Area::Network,
+                    Severity::Ok,
+                    format!("the rendezvous host {host} resolves"),
+                ),
+                Err(e) => Finding::new(
+                    "network.rdzv",
+                    Area::Network,
+                    Severity::Fail,
+                    format!("the rendezvous host {host} does not resolve: every node would wait, then time out"),
+                )
+                .evidence(e)
+                .fix("use an address every node can reach, or add the name to DNS or /etc/hosts"),
+            },
+        };
+        out.push(f);
+    }
+    if topo.nics.len() > 1
+        && sys.env("NCCL_SOCKET_IFNAME").is_none()
+        && sys.env("GLOO_SOCKET_IFNAME").is_none()
+    {
+        out.push(
+            Finding::new(
+                "network.ifname",
+                Area::Network,
+                if multi { Severity::Warn } else { Severity::Info },
+                format!(
+                    "{} network devices and neither NCCL_SOCKET_IFNAME nor GLOO_SOCKET_IFNAME is set: \
+                     the libraries may pick the slow or unreachable one",
+                    topo.nics.len()
+                ),
+            )
+            .evidence(
+                topo.nics
+                    .iter()
+                    .map(|n| n.bus_id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            )
+            .fix("export NCCL_SOCKET_IFNAME=eth0 GLOO_SOCKET_IFNAME=eth0   # the interface the nodes share"),
+        );
+    }
+}
+
+/// Why an LD_PRELOAD entry will not load, or None.
+fn preload_problem(sys: &dyn Sys, entry: &str) -> Option<String> {
+    let head = match sys.head(std::path::Path::new(entry)) {
+        Ok(h) => h,
+        Err(e) => return Some(e),
+    };
+    if head.len() < 18 || &head[..4] != b"\x7fELF" {
+        return Some("not an ELF file".into());
+    }
+    let e_type = u16::from_le_bytes([head[16], head[17]]);
+    (e_type != 3).then(|| "an ELF file, but not a shared object".into())
+}
+
+pub fn allocator(sys: &dyn Sys, out: &mut Vec<Finding>) {
+    if let Some(pre) = sys.env("LD_PRELOAD") {
+        for entry in pre.split([' ', ':']).filter(|e| !e.is_empty()) {
+            if let Some(why) = preload_problem(sys, entry) {
+                out.push(
+                    Finding::new(
+                        "allocator.preload",
+                        Area::Allocator,
+                        Severity::Fail,
+                        format!(
+                            "LD_PRELOAD names {entry}, which will not load: ld.so prints an error and \
+                             the run silently uses glibc malloc"
+                        ),
+                    )
+                    .evidence(format!("{entry}: {why}"))
+                    .fix("threadwise run --allocator auto -- CMD   # preloads one that exists; or fix LD_PRELOAD"),
+                );
+            }
+        }
+    }
+    let s = sys.allocators();
+    if s.found.is_empty() {
+        out.push(
+            Finding::new(
+                "allocator.installed",
+                Area::Allocator,
+                Severity::Info,
+                "neither tcmalloc nor jemalloc is installed (tcmalloc was 3-8% faster here)",
+            )
+            .fix("apt-get install libgoogle-perftools4 libjemalloc2"),
+        );
+    } else {
+        let list: Vec<String> = s
+            .found
+            .iter()
+            .map(|a| format!("{} {}", a.kind, a.path))
+            .collect();
+        out.push(
+            Finding::new(
+                "allocator.installed",
+                Area::Allocator,
+                Severity::Ok,
+                "an allocator can be preloaded (--allocator auto)",
+            )
+            .evidence(list.join(", ")),
+        );
+    }
+    for skipped in s.skipped {
+        out.push(
+            Finding::new(
+                "allocator.unsafe",
+                Area::Allocator,
+                Severity::Warn,
+                "an allocator library is not safe to preload",
+            )
+            .evidence(skipped),
+        );
+    }
+}
+
+pub fn tools(sys: &dyn Sys, out: &mut Vec<Finding>) {
+    let names = ["numactl", "nvidia-smi", "torchrun", "srun", "mpirun"];
+    let (found, missing): (Vec<&str>, Vec<&str>) =
+        names.iter().partition(|n| sys.which(n).is_some());
+    out.push(
+        Finding::new(
+            "tools.present",
+            Area::Tools,
+            Severity::Info,
+            format!(
+                "on PATH: {}",
+                if found.is_empty() {
+                    "none".into()
+                } else {
+                    found.join(", ")
+                }
+            ),
+        )
+        .evidence(format!(
+            "missing: {}",
+            if missing.is_empty() {
+                "none".into()
+            } else {
+                missing.join(", ")
+            }
+        )),
+    );
+}
+
+pub fn gpu(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
+    let pci = topo.gpus.len();
+    if let Some(v) = sys.env("CUDA_VISIBLE_DEVICES") {
+        let items: Vec<&str> = v.split(',').map(str::trim).collect();
+        let f = if v.trim().is_empty() {
+            Finding::new(
+                "gpu.visible",
+                Area::Gpu,
+                Severity::Warn,
+                "CUDA_VISIBLE_DEVICES is empty: CUDA sees no GPU and training falls back to CPU",
+            )
+            .fix("unset CUDA_VISIBLE_DEVICES")
+        } else if items
+            .iter()
+            .all(|i| i.starts_with("GPU-") || i.starts_with("MIG-"))
+        {
+            Finding::new(
+                "gpu.visible",
+                Area::Gpu,
+                Severity::Info,
+                "CUDA_VISIBLE_DEVICES names GPUs by UUID: threadwise needs indices to place ranks by locality",
+            )
+            .fix("nvidia-smi -L   # shows each UUID's index; export CUDA_VISIBLE_DEVICES=0,1,...")
+        } else if let Some(bad) = items.iter().find(|i| i.parse::<usize>().is_err()) {
+            Finding::new(
+                "gpu.visible",
+                Area::Gpu,
+                Severity::Fail,
+                format!("CUDA_VISIBLE_DEVICES holds {bad:?}: CUDA stops at it and hides every GPU after it"),
+            )
+            .fix("export CUDA_VISIBLE_DEVICES=0,1   # indices or UUIDs, comma-separated")
+        } else if let Some(big) = items
+            .iter()
+            .filter_map(|i| i.parse::<usize>().ok())
+            .find(|i| *i >= pci && pci > 0)
+        {
+            Finding::new(
+                "gpu.visible",
+                Area::Gpu,
+                Severity::Fail,
+                format!("CUDA_VISIBLE_DEVICES names GPU {big}, but the machine has {pci}"),
+            )
+        } else {
+            Finding::new(
+                "gpu.visible",
+                Area::Gpu,
+                Severity::Ok,
+                "CUDA_VISIBLE_DEVICES lists GPU indices",
+            )
+        };
+        out.push(f.evidence(format!("CUDA_VISIBLE_DEVICES={v:?}")));
+    }
+    let nvml = sys.nvml();
+    if pci == 0 && !nvml.loaded {
+        out.push(
+            Finding::new(
+                "gpu.none",
+                Area::Gpu,
+                Severity::Info,
+                "no GPU on this machine",
+            )
+            .evidence(
+                nvml.error
+                    .map_or_else(String::new, |e| format!("NVML: {e}")),
+            ),
+        );
+        return;
+    }
+    if pci > 0 && !nvml.loaded {
+        out.push(
+            Finding::new(
+                "gpu.driver",
+                Area::Gpu,
+                Severity::Warn,
+                format!(
+                    "{pci} GPU(s) on the PCI bus, but NVML does not load: is the driver loaded?"
+                ),
+            )
+            .evidence(format!("NVML: {}", nvml.error.unwrap_or_default()))
+            .fix("nvidia-smi   # should list the GPUs; else install or load the NVIDIA driver"),
+        );
+    }
+    if let Some(n) = req.nproc
+        && pci > 0
+        && n > pci
+    {
+        out.push(
+            Finding::new(
+                "gpu.count",
+                Area::Gpu,
+                Severity::Warn,
+                format!("{n} ranks for {pci} GPU(s): ranks share GPUs"),
+            )
+            .fix(format!("-n {pci}   # one rank per GPU")),
+        );
+    }
+    if !nvml.persistence_off.is_empty() {
+        out.push(
+            Finding::new(
+                "gpu.persistence",
+                Area::Gpu,
+                Severity::Info,
+                "persistence mode is off: every process start re-initialises the GPUs (seconds per launch)",
+            )
+            .evidence(format!("GPUs {:?}", nvml.persistence_off))
+            .fix("nvidia-smi -pm 1"),
+        );
+    }
+}

@@ -1,0 +1,167 @@
+//! `threadwise doctor`: what on this machine and in this environment will slow
+//! multi-process training down or break it, each finding with a stable id, a
+//! severity, the evidence read and the exact fix. The checks are pure
+//! functions of what `Sys` reads (files below a root, the environment, PATH,
+//! limits), so every one is tested with fixtures; the OS is only in `sys.rs`
+//! and the optional Python probe in `python.rs`. threadwise never changes the
+//! machine: fixes are printed (`--fix`) or written to a file the user installs.
+
+mod checks;
+mod machine;
+pub mod python;
+mod render;
+pub mod sys;
+
+use serde::{Deserialize, Serialize};
+
+pub use render::{fix_script, human, sysctl_file};
+pub use sys::{RealSys, Sys};
+
+use crate::topology::Topology;
+
+pub const DOCTOR_SCHEMA: &str = "threadwise.doctor/1";
+
+crate::named_enum! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum Severity ("a severity,") {
+        Ok => "ok",
+        Info => "info",
+        Warn => "warn",
+        Fail => "fail",
+    }
+}
+
+crate::named_enum! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum Area ("an area,") {
+        Threads => "threads",
+        Container => "container",
+        Memory => "memory",
+        Cpu => "cpu",
+        Network => "network",
+        Allocator => "allocator",
+        Tools => "tools",
+        Gpu => "gpu",
+        Python => "python",
+    }
+}
+
+/// One thing doctor found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    /// Stable, for scripts: `area.what`.
+    pub id: String,
+    pub area: Area,
+    pub severity: Severity,
+    /// One line: what it means for training.
+    pub title: String,
+    /// What was read, and where.
+    pub evidence: String,
+    /// Commands that fix it, copy-pasteable.
+    pub fix: Option<String>,
+    /// A sysctl setting that fixes it (`--fix --write FILE`).
+    pub sysctl: Option<(String, String)>,
+}
+
+impl Finding {
+    fn new(id: &str, area: Area, severity: Severity, title: impl Into<String>) -> Finding {
+        Finding {
+            id: id.to_string(),
+            area,
+            severity,
+            title: title.into(),
+            evidence: String::new(),
+            fix: None,
+            sysctl: None,
+        }
+    }
+    fn evidence(mut self, e: impl Into<String>) -> Finding {
+        self.evidence = e.into();
+        self
+    }
+    fn fix(mut self, f: impl Into<String>) -> Finding {
+        self.fix = Some(f.into());
+        self
+    }
+    fn sysctl(mut self, key: &str, value: &str) -> Finding {
+        self.sysctl = Some((key.into(), value.into()));
+        self.fix
+            .get_or_insert_with(|| format!("sysctl -w {key}={value}"));
+        self
+    }
+}
+
+/// What the checks are asked about.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    /// Local ranks the user means to start (default: one per GPU, else 1).
+    pub nproc: Option<usize>,
+    /// DataLoader workers per rank, for /dev/shm sizing (default 4).
+    pub workers: Option<usize>,
+    /// `--rdzv-endpoint HOST:PORT` of a multi-node job.
+    pub rdzv_endpoint: Option<String>,
+}
+
+/// The whole report (`--json`, schema threadwise.doctor/1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub schema: String,
+    pub source: String,
+    pub findings: Vec<Finding>,
+    /// The Python probe's state: "ran", "skipped: ..." or "not asked".
+    pub python: String,
+}
+
+impl Report {
+    /// The worst severity found.
+    pub fn worst(&self) -> Severity {
+        self.findings
+            .iter()
+            .map(|f| f.severity)
+            .max()
+            .unwrap_or(Severity::Ok)
+    }
+}
+
+/// Run every check but the Python probe's (whose result, if any, is `py`).
+pub fn diagnose(
+    sys: &dyn Sys,
+    topo: &Topology,
+    req: &Request,
+    py: Option<&python::Probe>,
+) -> Vec<Finding> {
+    let mut out = vec![];
+    checks::threads(sys, topo, req, &mut out);
+    checks::container(sys, topo, req, &mut out);
+    machine::memory(sys, topo, &mut out);
+    machine::cpu(sys, topo, &mut out);
+    checks::network(sys, topo, req, &mut out);
+    checks::allocator(sys, &mut out);
+    checks::tools(sys, &mut out);
+    checks::gpu(sys, topo, req, &mut out);
+    if let Some(p) = py {
+        python::findings(p, topo, req, &mut out);
+    }
+    out.sort_by_key(|f| f.area);
+    out
+}
+
+/// The checks `run` makes before it starts: fast ones only (no Python, no
+/// name resolution), and only what is worth a line (warn, fail).
+pub fn preflight(sys: &dyn Sys, topo: &Topology, nproc: usize) -> Vec<Finding> {
+    let req = Request {
+        nproc: Some(nproc),
+        ..Default::default()
+    };
+    diagnose(sys, topo, &req, None)
+        .into_iter()
+        .filter(|f| f.severity >= Severity::Warn)
+        // run sets the thread variables itself: those findings are moot there.
+        .filter(|f| f.area != Area::Threads || f.id == "threads.cpu0-trap")
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;
