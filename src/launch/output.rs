@@ -192,7 +192,9 @@ impl Pump {
             let mut start = 0;
             while let Some(n) = self.segment_end(&pending[start..]) {
                 let seg = &pending[start..start + n];
-                if seg.ends_with(b"\n") {
+                // A progress bar's carriage-return update is a line to the
+                // sink too (tqdm prints its rate there).
+                if seg.ends_with(b"\n") || (seg.ends_with(b"\r") && self.sink.is_some()) {
                     self.line_done(seg);
                 }
                 if self.show {

@@ -185,18 +185,24 @@ impl Plan {
         Ok(())
     }
 
-    /// Leave every thread-count variable out (each runtime then sizes its pool to
-    /// all CPUs): the guides' starting point, measured by tune as "unset".
+    /// What the user has without threadwise (tune's "unset" baseline): no
+    /// thread-count variable (each runtime sizes its pool to all CPUs), no
+    /// THREADWISE_* variable (a script falls back to its own defaults, as
+    /// under torchrun), nothing else of the plan.
     pub fn unset_threads(&mut self) {
-        let vars: Vec<String> = THREAD_VARS
+        let mut vars: Vec<String> = THREAD_VARS
             .iter()
-            .chain(&["TF_NUM_INTEROP_THREADS", "THREADWISE_NUM_THREADS"])
+            .chain(&["TF_NUM_INTEROP_THREADS"])
             .map(|v| v.to_string())
             .collect();
         for rank in &mut self.ranks {
-            for v in &vars {
-                rank.env.remove(v);
+            for k in rank.env.keys() {
+                if k.starts_with("THREADWISE_") && !vars.contains(k) {
+                    vars.push(k.clone());
+                }
             }
+            rank.env.clear();
+            rank.bind = false;
         }
         self.unset_env = vars;
     }

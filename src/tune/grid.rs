@@ -202,13 +202,22 @@ pub fn parse_config(base: &PlanRequest, text: &str) -> Result<TuneConfig, GridEr
 }
 
 /// Refuse two configurations with one name (the reports key on names).
+/// Refuse two configurations of one name; drop a later one that measures
+/// exactly what an earlier one does (`--grid threads=unset` is the baseline).
 pub fn dedupe(v: Vec<TuneConfig>) -> Result<Vec<TuneConfig>, GridError> {
-    for (i, c) in v.iter().enumerate() {
-        if v[..i].iter().any(|d| d.name == c.name) {
+    let mut out: Vec<TuneConfig> = vec![];
+    for c in v {
+        if out.iter().any(|d| d.name == c.name) {
             return Err(GridError::Duplicate(c.name.clone()));
         }
+        if !out
+            .iter()
+            .any(|d| d.request == c.request && d.unset_threads == c.unset_threads)
+        {
+            out.push(c);
+        }
     }
-    Ok(v)
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -1,11 +1,12 @@
-//! Throughput from a command's output: the last match of `--metric REGEX` (one
-//! capture group), or by default the last "<number> img/s" (samples/s,
-//! tokens/s, it/s, ...) anywhere in the output.
+//! Throughput from a command's output: by default the rates real clients
+//! print, read by the rules in `rates.rs`; with `--metric REGEX` (one capture
+//! group) the last match of that pattern. Either way the line a value came
+//! from is kept, so a report can show what was measured.
 
 use regex::Regex;
+use serde::{Deserialize, Serialize};
 
-/// The default: a number followed by a per-second unit.
-pub const DEFAULT_METRIC: &str = r"(?i)([0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)\s*((?:img|imgs|images|samples|sample|tokens|tok|it|examples|seq|sequences|steps)/s)\b";
+use super::rates;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetricError {
@@ -15,86 +16,126 @@ pub enum MetricError {
     Groups { pattern: String, groups: usize },
 }
 
-/// A compiled metric pattern.
+/// How to read the throughput.
 #[derive(Debug, Clone)]
 pub struct Metric {
-    re: Regex,
-    /// The default pattern also captures the unit (group 2).
-    default: bool,
+    /// None: the default rules.
+    re: Option<Regex>,
 }
 
-impl Metric {
-    pub fn new(pattern: Option<&str>) -> Result<Metric, MetricError> {
-        let default = pattern.is_none();
-        let pattern = pattern.unwrap_or(DEFAULT_METRIC);
-        let re = Regex::new(pattern).map_err(|e| MetricError::Invalid {
-            pattern: pattern.to_string(),
-            why: e.to_string(),
-        })?;
-        let groups = re.captures_len() - 1;
-        if !default && groups != 1 {
-            return Err(MetricError::Groups {
-                pattern: pattern.to_string(),
-                groups,
-            });
-        }
-        Ok(Metric { re, default })
-    }
-
-    /// The value one line reports (the last match in it), with the unit the
-    /// default pattern captures ("img/s").
-    pub fn scan(&self, rank: usize, line: &str) -> Option<Hit> {
-        let caps = self.re.captures_iter(line).last()?;
-        let value = caps
-            .get(1)?
-            .as_str()
-            .parse::<f64>()
-            .ok()
-            .filter(|v| v.is_finite())?;
-        let unit = if self.default {
-            caps.get(2).map(|u| u.as_str().to_string())
-        } else {
-            None
-        };
-        let mut text = line.trim().to_string();
-        if text.len() > MAX_HIT_TEXT {
-            let mut cut = MAX_HIT_TEXT;
-            while !text.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            text.truncate(cut);
-        }
-        Some(Hit {
-            value,
-            unit,
-            rank,
-            line: text,
-        })
-    }
-
-    /// The last value in these lines (of rank 0).
-    pub fn find(&self, lines: &[String]) -> Option<f64> {
-        self.last(lines).map(|h| h.value)
-    }
-
-    /// The last hit in these lines (of rank 0).
-    pub fn last(&self, lines: &[String]) -> Option<Hit> {
-        lines.iter().rev().find_map(|l| self.scan(0, l))
-    }
+/// What a value counts, for choosing among several (work beats steps).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HitKind {
+    /// it/s, steps/s: the last resort.
+    Steps,
+    /// images, samples, tokens... per second.
+    Work,
+    /// `--metric`: whatever the user's pattern matches.
+    Custom,
 }
 
 /// Report at most this much of the line a value came from.
 const MAX_HIT_TEXT: usize = 300;
 
 /// Where a throughput value came from.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hit {
     pub value: f64,
+    /// img/s, samples/s, tokens/s, it/s ... (None for --metric).
     pub unit: Option<String>,
+    pub kind: HitKind,
     /// The local rank that printed it.
     pub rank: usize,
-    /// The line, trimmed (at most 300 bytes).
+    /// The line, trimmed (at most 300 bytes; a bar's last update).
     pub line: String,
+}
+
+impl Hit {
+    /// Whether this later hit replaces `earlier`: the last of the best kind.
+    pub fn replaces(&self, earlier: &Hit) -> bool {
+        self.kind >= earlier.kind
+    }
+}
+
+fn shown(line: &str) -> String {
+    let last = line
+        .rsplit('\r')
+        .find(|s| !s.trim().is_empty())
+        .unwrap_or(line);
+    let mut text = last.trim().to_string();
+    if text.len() > MAX_HIT_TEXT {
+        let mut cut = MAX_HIT_TEXT;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+    text
+}
+
+impl Metric {
+    pub fn new(pattern: Option<&str>) -> Result<Metric, MetricError> {
+        let Some(pattern) = pattern else {
+            return Ok(Metric { re: None });
+        };
+        let re = Regex::new(pattern).map_err(|e| MetricError::Invalid {
+            pattern: pattern.to_string(),
+            why: e.to_string(),
+        })?;
+        let groups = re.captures_len() - 1;
+        if groups != 1 {
+            return Err(MetricError::Groups {
+                pattern: pattern.to_string(),
+                groups,
+            });
+        }
+        Ok(Metric { re: Some(re) })
+    }
+
+    /// The value one line reports, if any.
+    pub fn scan(&self, rank: usize, line: &str) -> Option<Hit> {
+        let (value, unit, kind) = match &self.re {
+            None => {
+                let r = rates::line_rate(line)?;
+                let kind = match r.kind {
+                    rates::Kind::Work => HitKind::Work,
+                    rates::Kind::Steps => HitKind::Steps,
+                };
+                (r.value, Some(r.unit.to_string()), kind)
+            }
+            Some(re) => {
+                let caps = re.captures_iter(line).last()?;
+                let v = caps.get(1)?.as_str().trim().parse::<f64>().ok();
+                (v.filter(|v| v.is_finite())?, None, HitKind::Custom)
+            }
+        };
+        Some(Hit {
+            value,
+            unit,
+            kind,
+            rank,
+            line: shown(line),
+        })
+    }
+
+    /// The hit these lines (of rank 0) report: the last of the best kind.
+    pub fn last(&self, lines: &[String]) -> Option<Hit> {
+        let mut best: Option<Hit> = None;
+        for l in lines {
+            if let Some(h) = self.scan(0, l)
+                && best.as_ref().is_none_or(|b| h.replaces(b))
+            {
+                best = Some(h);
+            }
+        }
+        best
+    }
+
+    /// The value of `last`.
+    pub fn find(&self, lines: &[String]) -> Option<f64> {
+        self.last(lines).map(|h| h.value)
+    }
 }
 
 #[cfg(test)]
@@ -106,25 +147,27 @@ mod tests {
     }
 
     #[test]
-    fn default_forms() {
+    fn across_lines_the_last_of_the_best_kind() {
         let m = Metric::new(None).unwrap();
-        for (line, want) in [
-            ("throughput: 123.4 img/s", 123.4),
-            ("epoch 1: 98 samples/s", 98.0),
-            ("1.5e3 tokens/s", 1500.0),
-            ("step 3 | 12.5it/s", 12.5),
-            ("[rank 0] 7 images/s", 7.0),
-        ] {
-            assert_eq!(m.find(&lines(&[line])), Some(want), "{line}");
-        }
         assert_eq!(
             m.find(&lines(&["10 img/s", "loss 3", "20 img/s, later 30 img/s"])),
-            Some(30.0)
+            Some(20.0),
+            "in a line the first, across lines the last"
         );
+        // The HF Trainer: tqdm's it/s all along, samples/s at the end; and
+        // a later it/s line does not win back.
+        let hf = lines(&[
+            " 50%|#####     | 15/30 [00:05<00:05,  2.71it/s]",
+            "{'train_runtime': 12.3, 'train_samples_per_second': 41.5, 'train_steps_per_second': 2.6}",
+            "100%|##########| 30/30 [00:12<00:00,  2.44it/s]",
+        ]);
+        let h = m.last(&hf).unwrap();
+        assert_eq!(
+            (h.value, h.unit.as_deref(), h.kind),
+            (41.5, Some("samples/s"), HitKind::Work)
+        );
+        assert!(h.line.contains("train_samples_per_second"));
         assert_eq!(m.find(&lines(&["no numbers here", "3 imgs"])), None);
-        let hit = m.last(&lines(&["9 samples/s"])).unwrap();
-        assert_eq!((hit.value, hit.unit.as_deref()), (9.0, Some("samples/s")));
-        assert_eq!(hit.line, "9 samples/s");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 pub mod export;
 pub mod grid;
 pub mod metric;
+pub mod rates;
 pub mod report;
 pub mod runner;
 pub mod stats;
@@ -50,7 +51,7 @@ pub trait TrialRunner {
 
 /// How one trial ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum TrialStatus {
     /// Every rank exited 0: the trial is measured.
     Ok,
@@ -62,6 +63,8 @@ pub enum TrialStatus {
     Error,
     /// The user stopped tuning during this trial.
     Interrupted,
+    /// It ran, but printed no throughput (or one in another unit): counted, not scored.
+    NoMetric,
 }
 
 impl TrialStatus {
@@ -72,6 +75,7 @@ impl TrialStatus {
             TrialStatus::Timeout => "timeout",
             TrialStatus::Error => "error",
             TrialStatus::Interrupted => "interrupted",
+            TrialStatus::NoMetric => "no-metric",
         }
     }
 }
@@ -150,6 +154,9 @@ pub struct Trial {
     pub gpu_mem_mib: Option<f64>,
     pub message: Option<String>,
     pub stderr_tail: Vec<String>,
+    /// The line the throughput was read from (rank, text, unit).
+    #[serde(default)]
+    pub hit: Option<metric::Hit>,
 }
 
 /// One configuration's results.
@@ -169,6 +176,9 @@ pub struct ConfigResult {
     pub indistinguishable_from_winner: bool,
     /// Dropped by --strategy halving after this round.
     pub dropped_after_round: Option<usize>,
+    /// Where its throughput was read: the latest scored trial's line.
+    #[serde(default)]
+    pub read_from: Option<metric::Hit>,
     pub trials: Vec<Trial>,
 }
 
@@ -255,6 +265,7 @@ impl ConfigResult {
             gpu_mem_mib: None,
             indistinguishable_from_winner: false,
             dropped_after_round: None,
+            read_from: None,
             trials: vec![],
         }
     }
@@ -281,7 +292,15 @@ fn describe(c: &TuneConfig) -> String {
     s
 }
 
-fn trial(o: &TrialOutcome, round: usize, budget: f64, wall_metric: &mut bool) -> Trial {
+/// One measured trial. `mode` is how throughput is read, and `unit` the unit
+/// every scored trial must share (rates in another unit are not comparable).
+fn trial(
+    o: &TrialOutcome,
+    round: usize,
+    budget: f64,
+    mode: MetricSource,
+    unit: Option<&str>,
+) -> Trial {
     let wall = o.wall.as_secs_f64().max(1e-9);
     let status = if o.interrupted {
         TrialStatus::Interrupted
@@ -294,20 +313,35 @@ fn trial(o: &TrialOutcome, round: usize, budget: f64, wall_metric: &mut bool) ->
     } else {
         TrialStatus::Ok
     };
-    let ok = status == TrialStatus::Ok;
-    let throughput = ok
-        .then(|| o.hit.as_ref().map(|h| h.value))
-        .flatten()
-        .or_else(|| {
-            ok.then(|| {
-                *wall_metric = true;
-                1.0 / wall
-            })
-        });
+    let mut ok = status == TrialStatus::Ok;
+    let mut status = status;
+    let mut note = None;
+    let throughput = match mode {
+        _ if !ok => None,
+        MetricSource::Wall => Some(1.0 / wall),
+        MetricSource::Output => match &o.hit {
+            Some(h) if unit.is_none() || h.unit.as_deref() == unit => Some(h.value),
+            other => {
+                note = Some(match other {
+                    Some(h) => format!(
+                        "printed {} {}, not {}: not comparable",
+                        h.value,
+                        h.unit.as_deref().unwrap_or("?"),
+                        unit.unwrap_or("?")
+                    ),
+                    None => "printed no throughput".to_string(),
+                });
+                status = TrialStatus::NoMetric;
+                ok = false;
+                None
+            }
+        },
+    };
     Trial {
         round,
         status,
         throughput,
+        hit: o.hit.clone(),
         wall_s: wall,
         cpu_util_pct: 100.0 * o.cpu.as_secs_f64() / (wall * budget.max(1e-9)),
         voluntary_cs_per_s: o.voluntary_cs as f64 / wall,
@@ -319,7 +353,8 @@ fn trial(o: &TrialOutcome, round: usize, budget: f64, wall_metric: &mut bool) ->
             .error
             .clone()
             .or_else(|| o.failure.clone())
-            .or_else(|| o.timed_out.then(|| "timed out".to_string())),
+            .or_else(|| o.timed_out.then(|| "timed out".to_string()))
+            .or(note),
         stderr_tail: if ok { vec![] } else { o.stderr_tail.clone() },
     }
 }
@@ -421,7 +456,9 @@ pub fn tune(
         total: configs.len() * (opts.runs + opts.warmup),
     });
     let mut active: Vec<usize> = (0..configs.len()).collect();
-    let mut wall_metric = false;
+    // How throughput is read is decided by the first trial that succeeds: from
+    // the output when it printed a rate, else (for every trial) 1 / wall time.
+    let mut mode: Option<MetricSource> = None;
     for round in 0..opts.warmup + opts.runs {
         let warm = round < opts.warmup;
         for &i in &active {
@@ -443,18 +480,35 @@ pub fn tune(
             if warm {
                 continue;
             }
-            if report.unit == "per s"
-                && let Some(u) = o.hit.as_ref().and_then(|h| h.unit.clone())
-            {
-                report.unit = u;
+            let succeeded =
+                !o.interrupted && o.error.is_none() && !o.timed_out && o.failure.is_none();
+            if mode.is_none() && succeeded {
+                let m = if o.hit.is_some() {
+                    MetricSource::Output
+                } else {
+                    report.warnings.push(Warning::WallMetric);
+                    MetricSource::Wall
+                };
+                report.metric = m;
+                report.unit = match (&m, &o.hit) {
+                    (MetricSource::Wall, _) => "runs/s".into(),
+                    (_, Some(h)) => h.unit.clone().unwrap_or_else(|| "per s".into()),
+                    _ => "per s".into(),
+                };
+                mode = Some(m);
             }
-            let t = trial(&o, round - opts.warmup, opts.cpu_budget, &mut wall_metric);
+            let unit = (report.unit != "per s").then_some(report.unit.as_str());
+            let t = trial(
+                &o,
+                round - opts.warmup,
+                opts.cpu_budget,
+                mode.unwrap_or(MetricSource::Output),
+                unit.filter(|_| report.metric == MetricSource::Output),
+            );
+            if t.status == TrialStatus::Ok && t.hit.is_some() {
+                report.configs[i].read_from = t.hit.clone();
+            }
             report.configs[i].trials.push(t);
-            if wall_metric && report.metric != MetricSource::Wall {
-                report.metric = MetricSource::Wall;
-                report.unit = "runs/s".into();
-                report.warnings.push(Warning::WallMetric);
-            }
             finish(&mut report);
             on_event(Event::Updated(&report));
         }

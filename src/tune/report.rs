@@ -47,16 +47,16 @@ fn row(r: &TuneReport, c: &ConfigResult) -> Vec<String> {
         ),
         None => "-".to_string(),
     };
-    let failed = c
-        .trials
-        .iter()
-        .filter(|t| t.status != TrialStatus::Ok)
-        .count();
-    let name = if failed > 0 {
-        format!("{} ({failed} failed)", c.name)
-    } else {
-        c.name.clone()
-    };
+    let count = |f: &dyn Fn(TrialStatus) -> bool| c.trials.iter().filter(|t| f(t.status)).count();
+    let failed = count(&|s| s != TrialStatus::Ok && s != TrialStatus::NoMetric);
+    let missing = count(&|s| s == TrialStatus::NoMetric);
+    let mut name = c.name.clone();
+    if failed > 0 {
+        name.push_str(&format!(" ({failed} failed)"));
+    }
+    if missing > 0 {
+        name.push_str(&format!(" ({missing} no metric)"));
+    }
     let mut cells = vec![name, thr];
     cells.extend(metric_cells(c, " MiB"));
     cells.extend([
@@ -93,6 +93,7 @@ fn notes(r: &TuneReport) -> String {
     for w in &r.warnings {
         out.push_str(&format!("warning: {w}\n"));
     }
+    out.push_str(&read_from(r));
     if let Some(w) = &r.winner {
         let same: Vec<&str> = r
             .configs
@@ -111,6 +112,32 @@ fn notes(r: &TuneReport) -> String {
         out.push('\n');
     }
     out
+}
+
+/// Which line each configuration's throughput was read from.
+pub(crate) fn read_from(r: &TuneReport) -> String {
+    let hits: Vec<String> = r
+        .configs
+        .iter()
+        .filter_map(|c| {
+            let h = c.read_from.as_ref()?;
+            Some(format!(
+                "  {}: [rank {}] {} ({})\n",
+                c.name,
+                h.rank,
+                h.line,
+                h.unit.as_deref().unwrap_or("--metric")
+            ))
+        })
+        .collect();
+    if hits.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "throughput read from (last scored trial):\n{}",
+            hits.concat()
+        )
+    }
 }
 
 /// The table and what to know about it.

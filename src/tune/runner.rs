@@ -54,7 +54,10 @@ impl super::TrialRunner for Runner {
         let (m, h) = (metric.clone(), hit.clone());
         let sink: LineSink = Arc::new(move |rank, line| {
             if let Some(found) = m.scan(rank, line) {
-                *h.lock().unwrap_or_else(|e| e.into_inner()) = Some(found);
+                let mut best = h.lock().unwrap_or_else(|e| e.into_inner());
+                if best.as_ref().is_none_or(|b| found.replaces(b)) {
+                    *best = Some(found);
+                }
             }
         });
         let opts = RunOptions {

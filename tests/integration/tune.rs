@@ -332,3 +332,119 @@ fn a_trial_that_times_out_is_reported_and_the_others_go_on() {
         text(&out.stdout)
     );
 }
+
+/// A script that prints its speed as the torchvision reference scripts do
+/// (`lr: 0.1  img/s: N`) next to numbers that belong to other keys, and says
+/// whether it saw threadwise's variables. The default rules and an explicit
+/// --metric must agree on every value and the winner; the unset baseline must
+/// see no THREADWISE_* variable, as under torchrun.
+const TORCHVISION: &str = r#"
+t=${OMP_NUM_THREADS:-8}
+w=${THREADWISE_NUM_WORKERS:-none}
+echo "workers=$w threads=$t"
+echo "Epoch: [0]  [ 40/391]  eta: 0:01:02  lr: 0.1  img/s: $((100 + t * 10)).5  loss: 6.91 (6.93)"
+echo "THREADWISE vars: $(env | grep -c '^THREADWISE_')"
+"#;
+
+fn tune_json(dir: &std::path::Path, extra: &[&str], script: &str) -> serde_json::Value {
+    let j = dir.join(format!("r{}.json", extra.len()));
+    let out = Command::new(bin())
+        .args([
+            "tune",
+            "-n",
+            "1",
+            "--runs",
+            "1",
+            "--grid",
+            "threads=unset,1,2",
+            "--export-json",
+        ])
+        // threads=unset is the baseline itself: measured once, as "unset".
+        .arg(&j)
+        .args(extra)
+        .args(["--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    json(&j)
+}
+
+#[test]
+fn default_rules_read_the_same_values_as_an_explicit_metric() {
+    let d = tempfile::tempdir().unwrap();
+    let by_default = tune_json(d.path(), &[], TORCHVISION);
+    let explicit = tune_json(d.path(), &["--metric", r"img/s: ([0-9.]+)"], TORCHVISION);
+    let values = |r: &serde_json::Value| -> Vec<(String, f64)> {
+        r["configs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap().to_string(),
+                    c["throughput"]["median"].as_f64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(values(&by_default), values(&explicit));
+    assert_eq!(by_default["winner"], explicit["winner"]);
+    assert_eq!(by_default["unit"], "img/s");
+    // unset: 8 threads by the script's own default -> 180.5; threads=2 -> 120.5.
+    let v = values(&by_default);
+    assert_eq!(v[0], ("unset".to_string(), 180.5), "{v:?}");
+    assert_eq!(v.len(), 3, "{v:?}");
+    assert_eq!(v[2], ("threads=2".to_string(), 120.5), "{v:?}");
+    // Every report says where the value came from.
+    let unset = &by_default["configs"][0];
+    assert_eq!(unset["read_from"]["unit"], "img/s");
+    assert!(
+        unset["read_from"]["line"]
+            .as_str()
+            .unwrap()
+            .contains("lr: 0.1  img/s: 180.5")
+    );
+    assert_eq!(unset["trials"][0]["hit"]["rank"], 0);
+}
+
+#[test]
+fn the_unset_baseline_has_nothing_of_the_plan() {
+    let d = tempfile::tempdir().unwrap();
+    let script = "echo \"$(env | grep -c '^THREADWISE_') vars, ${OMP_NUM_THREADS:-no} omp, $(grep Cpus_allowed_list /proc/self/status | cut -f2) cpus: 1 img/s\"";
+    let r = tune_json(d.path(), &[], script);
+    let line = |i: usize| {
+        r["configs"][i]["read_from"]["line"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let all = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    assert!(
+        line(0).starts_with(&format!("0 vars, no omp, {} cpus", all.trim())),
+        "unset: {}",
+        line(0)
+    );
+    assert!(
+        !line(1).starts_with("0 vars"),
+        "threads=1 carries the plan: {}",
+        line(1)
+    );
+}
+
+#[test]
+fn trials_without_a_metric_are_counted_not_scored() {
+    let d = tempfile::tempdir().unwrap();
+    // threads=2 prints no rate at all: its trial is "no-metric", unscored.
+    let script = "[ \"$OMP_NUM_THREADS\" = 2 ] && echo 'done, loss 0.3' || echo '50 samples/s'";
+    let r = tune_json(d.path(), &[], script);
+    let two = r["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "threads=2")
+        .unwrap();
+    assert_eq!(two["trials"][0]["status"], "no-metric", "{two}");
+    assert!(two["throughput"].is_null());
+    assert_eq!(r["metric"], "output");
+    assert_eq!(r["unit"], "samples/s");
+}

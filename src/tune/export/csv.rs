@@ -9,7 +9,7 @@ fn opt(v: Option<f64>) -> String {
     v.map_or_else(String::new, |x| format!("{x:.4}"))
 }
 
-const HEADER: [&str; 17] = [
+const HEADER: [&str; 20] = [
     "config",
     "options",
     "round",
@@ -27,6 +27,9 @@ const HEADER: [&str; 17] = [
     "max",
     "speedup",
     "winner",
+    "metric_rank",
+    "metric_unit",
+    "metric_line",
 ];
 
 impl ReportExporter for Csv {
@@ -53,6 +56,12 @@ impl ReportExporter for Csv {
                     opt(c.throughput.map(|s| s.max)),
                     opt(c.speedup),
                     (r.mark(c) == Mark::Winner).to_string(),
+                    t.hit.as_ref().map_or(String::new(), |h| h.rank.to_string()),
+                    t.hit
+                        .as_ref()
+                        .and_then(|h| h.unit.clone())
+                        .unwrap_or_default(),
+                    t.hit.as_ref().map_or(String::new(), |h| h.line.clone()),
                 ])?;
             }
         }

@@ -32,6 +32,19 @@ impl ReportExporter for Markdown {
                     .map_or("-".into(), |s| format!("{:.1}-{:.1}", s.min, s.max)),
             ));
         }
+        let from = report::read_from(r);
+        if !from.is_empty() {
+            out.push('\n');
+            for l in from.lines() {
+                let l = l.trim_start();
+                match l.split_once(": ") {
+                    Some((name, rest)) if !l.starts_with("throughput read from") => {
+                        out.push_str(&format!("- {}: `{}`\n", cell(name), rest.replace('`', "'")))
+                    }
+                    _ => out.push_str(&format!("{l}\n")),
+                }
+            }
+        }
         Ok(out)
     }
 }

@@ -16,6 +16,7 @@ fn trial(round: usize, v: f64) -> Trial {
         gpu_mem_mib: None,
         message: None,
         stderr_tail: vec![],
+        hit: None,
     }
 }
 
