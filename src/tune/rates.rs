@@ -211,9 +211,8 @@ pub fn line_rate(line: &str) -> Option<Rate> {
     let all: Vec<Rate> = line.split('\r').flat_map(rates_in).collect();
     let best = all.iter().map(|r| r.kind).max()?;
     // Within \r-separated updates the last counts; within one segment the first.
-    line.split('\r')
-        .filter_map(|seg| rates_in(seg).into_iter().find(|r| r.kind == best))
-        .last()
+    line.rsplit('\r')
+        .find_map(|seg| rates_in(seg).into_iter().find(|r| r.kind == best))
 }
 
 #[cfg(test)]
