@@ -342,6 +342,10 @@ pub struct TuneCmd {
     /// Measured runs per configuration
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000).map(|v| v as usize))]
     pub runs: usize,
+    /// Give a close race more trials: the winner and every configuration it
+    /// cannot be told apart from run again, up to this many trials each
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000).map(|v| v as usize))]
+    pub max_runs: Option<usize>,
     /// Unmeasured runs per configuration first
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000).map(|v| v as usize))]
     pub warmup: usize,

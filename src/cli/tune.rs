@@ -186,6 +186,7 @@ pub fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
     };
     let opts = TuneOptions {
         runs: a.runs,
+        max_runs: a.max_runs.unwrap_or(a.runs).max(a.runs),
         warmup: a.warmup,
         strategy: a.strategy,
         metric,

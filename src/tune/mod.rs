@@ -157,6 +157,9 @@ pub struct Trial {
     /// The line the throughput was read from (rank, text, unit).
     #[serde(default)]
     pub hit: Option<metric::Hit>,
+    /// Further than 3 scaled MADs from its configuration's median.
+    #[serde(default)]
+    pub outlier: bool,
 }
 
 /// One configuration's results.
@@ -172,13 +175,17 @@ pub struct ConfigResult {
     pub peak_rss_mib: Option<f64>,
     pub gpu_util_pct: Option<f64>,
     pub gpu_mem_mib: Option<f64>,
-    /// The winner's range overlaps this one's: the data cannot tell them apart.
+    /// The 95% intervals of the winner's median and this one's overlap: the
+    /// data cannot tell them apart.
     pub indistinguishable_from_winner: bool,
     /// Dropped by --strategy halving after this round.
     pub dropped_after_round: Option<usize>,
     /// Where its throughput was read: the latest scored trial's line.
     #[serde(default)]
     pub read_from: Option<metric::Hit>,
+    /// Its first trial was more than 10% below the median of the others.
+    #[serde(default)]
+    pub slow_first_trial: bool,
     pub trials: Vec<Trial>,
 }
 
@@ -229,6 +236,8 @@ crate::named_enum! {
 #[derive(Debug, Clone)]
 pub struct TuneOptions {
     pub runs: usize,
+    /// Extra rounds, up to this many trials, for a close race (>= runs).
+    pub max_runs: usize,
     pub warmup: usize,
     pub strategy: Strategy,
     pub metric: Metric,
@@ -266,6 +275,7 @@ impl ConfigResult {
             indistinguishable_from_winner: false,
             dropped_after_round: None,
             read_from: None,
+            slow_first_trial: false,
             trials: vec![],
         }
     }
@@ -356,6 +366,7 @@ fn trial(
             .or_else(|| o.timed_out.then(|| "timed out".to_string()))
             .or(note),
         stderr_tail: if ok { vec![] } else { o.stderr_tail.clone() },
+        outlier: false,
     }
 }
 
@@ -378,6 +389,27 @@ pub fn finish(report: &mut TuneReport) {
             .filter_map(|t| t.throughput)
             .collect();
         c.throughput = summarize(&v);
+        if let Some(sum) = c.throughput {
+            for t in &mut c.trials {
+                t.outlier = t.throughput.is_some_and(|x| stats::is_outlier(&sum, x));
+            }
+            // A first trial well below the others: warm caches, a cold disk.
+            let rest: Vec<f64> = c
+                .trials
+                .iter()
+                .filter(|t| t.round > 0 && t.status == TrialStatus::Ok)
+                .filter_map(|t| t.throughput)
+                .collect();
+            let first = c
+                .trials
+                .iter()
+                .find(|t| t.round == 0)
+                .and_then(|t| t.throughput);
+            c.slow_first_trial = match (first, summarize(&rest)) {
+                (Some(f), Some(r)) if r.n >= 2 => f < r.median * 0.9,
+                _ => false,
+            };
+        }
         c.cpu_util_pct = median_of(&c.trials, |t| Some(t.cpu_util_pct));
         c.voluntary_cs_per_s = median_of(&c.trials, |t| Some(t.voluntary_cs_per_s));
         c.involuntary_cs_per_s = median_of(&c.trials, |t| Some(t.involuntary_cs_per_s));
@@ -433,7 +465,101 @@ fn clearly_worse(report: &TuneReport, active: &[usize]) -> Vec<usize> {
         .collect()
 }
 
-/// Run every configuration `runs` times (after `warmup` rounds), interleaved.
+/// The tuning loop's state between trials.
+struct Session<'a> {
+    configs: &'a [TuneConfig],
+    opts: &'a TuneOptions,
+    report: TuneReport,
+    /// How throughput is read, decided by the first trial that succeeds: from
+    /// the output when it printed a rate, else (for every trial) 1 / wall time.
+    mode: Option<MetricSource>,
+}
+
+impl Session<'_> {
+    /// One round over `which`; false when the user interrupted.
+    fn round(
+        &mut self,
+        which: &[usize],
+        round: usize,
+        runner: &mut dyn TrialRunner,
+        on_event: &mut dyn FnMut(Event),
+    ) -> bool {
+        let warm = round < self.opts.warmup;
+        for &i in which {
+            on_event(Event::TrialStart {
+                config: &self.configs[i].name,
+                round,
+                warmup: warm,
+            });
+            let o = runner.run(&self.configs[i], &self.opts.metric);
+            if o.interrupted {
+                self.report.warnings.push(Warning::Interrupted {
+                    config: self.configs[i].name.clone(),
+                    round,
+                });
+                finish(&mut self.report);
+                on_event(Event::Updated(&self.report));
+                return false;
+            }
+            if !warm {
+                self.measured(i, round - self.opts.warmup, &o);
+                on_event(Event::Updated(&self.report));
+            }
+        }
+        true
+    }
+
+    fn measured(&mut self, i: usize, round: usize, o: &TrialOutcome) {
+        let r = &mut self.report;
+        let succeeded = o.error.is_none() && !o.timed_out && o.failure.is_none();
+        if self.mode.is_none() && succeeded {
+            let m = if o.hit.is_some() {
+                MetricSource::Output
+            } else {
+                r.warnings.push(Warning::WallMetric);
+                MetricSource::Wall
+            };
+            r.metric = m;
+            r.unit = match (&m, &o.hit) {
+                (MetricSource::Wall, _) => "runs/s".into(),
+                (_, Some(h)) => h.unit.clone().unwrap_or_else(|| "per s".into()),
+                _ => "per s".into(),
+            };
+            self.mode = Some(m);
+        }
+        let unit =
+            (r.unit != "per s" && r.metric == MetricSource::Output).then_some(r.unit.as_str());
+        let t = trial(
+            o,
+            round,
+            self.opts.cpu_budget,
+            self.mode.unwrap_or(MetricSource::Output),
+            unit,
+        );
+        if t.status == TrialStatus::Ok && t.hit.is_some() {
+            r.configs[i].read_from = t.hit.clone();
+        }
+        r.configs[i].trials.push(t);
+        finish(r);
+    }
+
+    /// The winner and the configurations it cannot be told apart from.
+    fn close_race(&self, active: &[usize]) -> Vec<usize> {
+        let r = &self.report;
+        active
+            .iter()
+            .copied()
+            .filter(|&i| {
+                let c = &r.configs[i];
+                r.winner.as_deref() == Some(c.name.as_str()) || c.indistinguishable_from_winner
+            })
+            .collect()
+    }
+}
+
+/// Run every configuration `runs` times (after `warmup` rounds), interleaved;
+/// then, up to `max_runs`, more rounds of the winner and the configurations it
+/// cannot be told apart from, while there are any.
 pub fn tune(
     configs: &[TuneConfig],
     mut report: TuneReport,
@@ -452,83 +578,46 @@ pub fn tune(
         .map(|c| c.name.clone());
     report.runs = opts.runs;
     report.warmup = opts.warmup;
-    on_event(Event::Start {
-        total: configs.len() * (opts.runs + opts.warmup),
-    });
+    let mut total = configs.len() * (opts.runs + opts.warmup);
+    on_event(Event::Start { total });
+    let mut s = Session {
+        configs,
+        opts,
+        report,
+        mode: None,
+    };
     let mut active: Vec<usize> = (0..configs.len()).collect();
-    // How throughput is read is decided by the first trial that succeeds: from
-    // the output when it printed a rate, else (for every trial) 1 / wall time.
-    let mut mode: Option<MetricSource> = None;
     for round in 0..opts.warmup + opts.runs {
-        let warm = round < opts.warmup;
-        for &i in &active {
-            on_event(Event::TrialStart {
-                config: &configs[i].name,
-                round,
-                warmup: warm,
-            });
-            let o = runner.run(&configs[i], &opts.metric);
-            if o.interrupted {
-                report.warnings.push(Warning::Interrupted {
-                    config: configs[i].name.clone(),
-                    round,
-                });
-                finish(&mut report);
-                on_event(Event::Updated(&report));
-                return report;
-            }
-            if warm {
-                continue;
-            }
-            let succeeded =
-                !o.interrupted && o.error.is_none() && !o.timed_out && o.failure.is_none();
-            if mode.is_none() && succeeded {
-                let m = if o.hit.is_some() {
-                    MetricSource::Output
-                } else {
-                    report.warnings.push(Warning::WallMetric);
-                    MetricSource::Wall
-                };
-                report.metric = m;
-                report.unit = match (&m, &o.hit) {
-                    (MetricSource::Wall, _) => "runs/s".into(),
-                    (_, Some(h)) => h.unit.clone().unwrap_or_else(|| "per s".into()),
-                    _ => "per s".into(),
-                };
-                mode = Some(m);
-            }
-            let unit = (report.unit != "per s").then_some(report.unit.as_str());
-            let t = trial(
-                &o,
-                round - opts.warmup,
-                opts.cpu_budget,
-                mode.unwrap_or(MetricSource::Output),
-                unit.filter(|_| report.metric == MetricSource::Output),
-            );
-            if t.status == TrialStatus::Ok && t.hit.is_some() {
-                report.configs[i].read_from = t.hit.clone();
-            }
-            report.configs[i].trials.push(t);
-            finish(&mut report);
-            on_event(Event::Updated(&report));
+        if !s.round(&active.clone(), round, runner, on_event) {
+            return s.report;
         }
         // Halving judges from the second measured round: one trial is no range.
-        if !warm
-            && round > opts.warmup
+        if round > opts.warmup
             && opts.strategy == Strategy::Halving
             && round + 1 < opts.warmup + opts.runs
         {
-            let worse = clearly_worse(&report, &active);
+            let worse = clearly_worse(&s.report, &active);
             for &i in &worse {
-                report.configs[i].dropped_after_round = Some(round - opts.warmup);
+                s.report.configs[i].dropped_after_round = Some(round - opts.warmup);
             }
             active.retain(|i| !worse.contains(i));
         }
     }
-    report.complete = true;
-    finish(&mut report);
-    on_event(Event::Updated(&report));
-    report
+    for round in opts.warmup + opts.runs..opts.warmup + opts.max_runs.max(opts.runs) {
+        let close = s.close_race(&active);
+        if close.len() < 2 {
+            break;
+        }
+        total += close.len();
+        on_event(Event::Start { total });
+        if !s.round(&close, round, runner, on_event) {
+            return s.report;
+        }
+    }
+    s.report.complete = true;
+    finish(&mut s.report);
+    on_event(Event::Updated(&s.report));
+    s.report
 }
 
 /// An empty report for a run.

@@ -76,6 +76,21 @@ fn notes(r: &TuneReport) -> String {
                 c.name
             ));
         }
+        if c.slow_first_trial {
+            out.push_str(&format!(
+                "{}: the first trial was slow (warm caches?); --warmup 1 leaves it out\n",
+                c.name
+            ));
+        }
+        for tr in c.trials.iter().filter(|t| t.outlier) {
+            out.push_str(&format!(
+                "{} round {}: outlier ({} against a median of {})\n",
+                c.name,
+                tr.round,
+                tr.throughput.map_or("-".into(), num),
+                c.throughput.map_or("-".into(), |s| num(s.median))
+            ));
+        }
         for tr in c.trials.iter().filter(|t| t.status != TrialStatus::Ok) {
             let why = tr
                 .message
@@ -104,9 +119,9 @@ fn notes(r: &TuneReport) -> String {
         out.push_str(&format!("winner: {w}"));
         if !same.is_empty() {
             out.push_str(&format!(
-                " (not distinguishable from {} with {} runs)",
-                same.join(", "),
-                r.runs
+                " (not distinguishable from {}: the 95% bootstrap intervals of the medians overlap; \
+                 --runs or --max-runs give a close race more trials)",
+                same.join(", ")
             ));
         }
         out.push('\n');

@@ -55,6 +55,7 @@ fn configs(names: &[&str]) -> Vec<TuneConfig> {
 fn opts(runs: usize, warmup: usize, strategy: Strategy) -> TuneOptions {
     TuneOptions {
         runs,
+        max_runs: runs,
         warmup,
         strategy,
         metric: metric::Metric::new(None).unwrap(),
@@ -206,4 +207,48 @@ fn no_metric_in_output_falls_back_to_wall_time() {
     assert_eq!(r.metric, MetricSource::Wall);
     assert_eq!(r.configs[0].throughput.unwrap().median, 2.0);
     assert!(r.warnings.contains(&Warning::WallMetric));
+}
+
+#[test]
+fn a_close_race_gets_more_trials_up_to_max_runs() {
+    let mut f = fake(&[
+        ("unset", &[5.0, 5.0, 5.0]),
+        ("a", &[10.0, 10.2, 9.9, 10.1, 10.0]),
+        ("b", &[10.1, 9.9, 10.0, 10.0, 10.2]),
+    ]);
+    let o = TuneOptions {
+        max_runs: 5,
+        ..opts(3, 0, Strategy::All)
+    };
+    let r = tune(
+        &configs(&["unset", "a", "b"]),
+        new_report(vec![], 1, "x".into(), 2.0),
+        &o,
+        &mut f,
+        &mut |_| {},
+    );
+    let n = |i: usize| r.configs[i].trials.len();
+    assert_eq!((n(0), n(1), n(2)), (3, 5, 5), "only the close race ran on");
+    assert!(r.complete);
+}
+
+#[test]
+fn outliers_and_a_slow_first_trial_are_marked() {
+    let mut f = fake(&[("unset", &[6.0, 10.0, 10.1, 9.9, 10.0, 3.0])]);
+    let r = tune(
+        &configs(&["unset"]),
+        new_report(vec![], 1, "x".into(), 2.0),
+        &opts(6, 0, Strategy::All),
+        &mut f,
+        &mut |_| {},
+    );
+    let c = &r.configs[0];
+    assert!(c.slow_first_trial);
+    assert!(c.trials[5].outlier, "3.0 against a median near 10");
+    assert!(!c.trials[2].outlier);
+    let text = report::render(&r);
+    assert!(
+        text.contains("outlier") && text.contains("first trial was slow"),
+        "{text}"
+    );
 }

@@ -17,6 +17,7 @@ fn trial(round: usize, v: f64) -> Trial {
         message: None,
         stderr_tail: vec![],
         hit: None,
+        outlier: false,
     }
 }
 
@@ -53,15 +54,12 @@ fn json_round_trips() {
     let back: TuneReport = serde_json::from_str(&text).unwrap();
     assert_eq!(back, r);
     assert_eq!(back.winner.as_deref(), Some("plan"));
+    let t: Summary = back.configs[2].throughput.unwrap();
     assert_eq!(
-        back.configs[2].throughput,
-        Some(Summary {
-            median: 7550.0,
-            min: 7450.0,
-            max: 7700.0,
-            n: 3
-        })
+        (t.median, t.min, t.max, t.n, t.mad),
+        (7550.0, 7450.0, 7700.0, 3, 100.0)
     );
+    assert!(t.ci_low >= t.min && t.ci_high <= t.max && t.ci_low <= t.median);
 }
 
 #[test]
