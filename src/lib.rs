@@ -11,6 +11,7 @@ pub mod launch;
 pub mod measure;
 mod names;
 pub mod os;
+pub mod picture;
 pub mod plan;
 pub mod topology;
 pub mod tune;

@@ -71,8 +71,14 @@ pub struct TopoArgs {
     #[command(flatten)]
     pub source: SourceArgs,
     /// Print the threadwise.topology/1 JSON document
-    #[arg(long)]
+    #[arg(long, conflicts_with = "picture")]
     pub json: bool,
+    /// Draw the machine: one cell per core, by package and NUMA node
+    #[arg(long)]
+    pub picture: bool,
+    /// Also write the picture as an SVG file
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
 }
 
 /// The library's named enums as clap values: the names come from the enums
@@ -153,8 +159,14 @@ pub struct PlanCmd {
     #[arg(long, value_enum, default_value_t = PlanFormat::Table)]
     pub format: PlanFormat,
     /// Same as --format json
-    #[arg(long, conflicts_with = "format")]
+    #[arg(long, conflicts_with_all = ["format", "picture"])]
     pub json: bool,
+    /// Draw the plan: each core lettered by the rank that owns it
+    #[arg(long, conflicts_with = "format")]
+    pub picture: bool,
+    /// Also write the picture as an SVG file
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
     /// Show every decision's reason
     #[arg(long)]
     pub explain: bool,

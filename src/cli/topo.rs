@@ -43,8 +43,30 @@ pub fn load(source: &SourceArgs) -> Result<Topology, Failure> {
     Ok(t)
 }
 
+/// Colour on a terminal, unless NO_COLOR.
+fn colour() -> bool {
+    use std::io::IsTerminal;
+    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+}
+
+/// `--svg FILE`, written the safe way.
+fn write_svg(
+    path: Option<&std::path::Path>,
+    t: &Topology,
+    p: Option<&plan::Plan>,
+) -> Result<(), Failure> {
+    if let Some(path) = path {
+        crate::files::write_output(path, crate::picture::svg(t, p).as_bytes())?;
+    }
+    Ok(())
+}
+
 pub fn topo(a: TopoArgs) -> Result<Exit, Failure> {
     let t = load(&a.source)?;
+    write_svg(a.svg.as_deref(), &t, None)?;
+    if a.picture {
+        return emit(&crate::picture::text(&t, None, colour()));
+    }
     if a.json {
         let text = serde_json::to_string_pretty(&t)
             .map_err(|e| Failure::env(e.to_string(), "report this bug"))?;
@@ -104,6 +126,10 @@ pub fn plan(a: PlanCmd) -> Result<Exit, Failure> {
     let t = load(&a.source)?;
     let req = request(&a.plan);
     let p = plan::plan(&t, &req, &facts(&req))?;
+    write_svg(a.svg.as_deref(), &t, Some(&p))?;
+    if a.picture {
+        return emit(&crate::picture::text(&t, Some(&p), colour()));
+    }
     let format = if a.json { PlanFormat::Json } else { a.format };
     let ctx = Context {
         command: a.command,

@@ -113,3 +113,68 @@ fn two_socket_cpu_only() {
         ])
     );
 }
+
+/// The placement picture: DGX-like servers, a hybrid CPU's real dump, this
+/// machine's shape; letters only (no terminal), so logs and snapshots agree.
+#[test]
+fn placement_pictures() {
+    let pic = |args: &[&str]| {
+        let out = super::threadwise()
+            .args(["plan", "--picture"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    insta::assert_snapshot!("picture_dgx_a100", pic(&["--synthetic", DGX]));
+    insta::assert_snapshot!(
+        "picture_dgx_h100",
+        pic(&[
+            "--synthetic",
+            "package:2 numa:1 l3:1 core:56 pu:2 gpu:8 nic:8"
+        ])
+    );
+    insta::assert_snapshot!(
+        "picture_two_cores",
+        pic(&["-n", "2", "--synthetic", "core:2"])
+    );
+    let tmp = super::scratch();
+    let root = tmp.path().join("hybrid");
+    std::fs::create_dir_all(&root).unwrap();
+    assert!(
+        std::process::Command::new("tar")
+            .arg("xzf")
+            .arg(super::topologies(
+                "linux/20em64t-hybrid-1p6c2t+2ca4co1t.tar.gz"
+            ))
+            .arg("-C")
+            .arg(&root)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let hybrid = pic(&["-n", "2", "--root", root.to_str().unwrap()]);
+    // The first line names the scratch directory: leave it out.
+    let body: String = hybrid.lines().skip(1).map(|l| format!("{l}\n")).collect();
+    insta::assert_snapshot!("picture_hybrid_dump", body);
+    // This machine: every core appears once, lettered by its rank.
+    let live = pic(&["-n", "1"]);
+    assert!(live.contains("node 0") && live.contains('A'), "{live}");
+    // The SVG of the same plan is valid XML, with a cell per core.
+    let svg = tmp.path().join("dgx.svg");
+    let out = super::threadwise()
+        .args(["plan", "--synthetic", DGX, "--svg"])
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let doc = roxmltree::Document::parse(&text).expect("valid XML");
+    let cells = doc.descendants().filter(|n| n.has_tag_name("rect")).count();
+    assert_eq!(cells, 1 + 128, "background and the 128 cores");
+}
