@@ -13,6 +13,7 @@ mod names;
 pub mod os;
 pub mod picture;
 pub mod plan;
+pub mod top;
 pub mod topology;
 pub mod tune;
 pub mod workload;

@@ -40,6 +40,8 @@ pub enum Command {
     Tune(TuneCmd),
     /// Check the machine and environment for what slows training down, with fixes
     Doctor(DoctorCmd),
+    /// Watch running ranks live against their plan: CPUs, threads, switches, memory, alerts
+    Top(TopCmd),
     /// Print a shell completion script: threadwise completions bash > /etc/bash_completion.d/threadwise
     Completions {
         #[arg(value_enum)]
@@ -260,6 +262,10 @@ pub struct RunCmd {
     /// Skip the quick doctor checks before starting
     #[arg(long)]
     pub no_doctor: bool,
+    /// Show the live view (threadwise top) in place of the ranks' output
+    /// (which still goes to --log-dir)
+    #[arg(long)]
+    pub top: bool,
     /// No per-rank summary at the end
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -287,6 +293,29 @@ pub struct RunCmd {
     /// The command each rank runs (no shell in between)
     #[arg(last = true, value_name = "CMD", required = true)]
     pub command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+pub struct TopCmd {
+    /// Watch these processes as ranks (default: the newest threadwise run)
+    #[arg(long, value_name = "PID", num_args = 1.., conflicts_with = "all")]
+    pub pid: Vec<i32>,
+    /// Every rank torchrun, srun or mpirun started that you may read
+    #[arg(long)]
+    pub all: bool,
+    /// Seconds between samples
+    #[arg(long, default_value = "1", value_name = "SECS", value_parser = parse_interval)]
+    pub interval: Duration,
+    /// One sample (over one interval), then exit
+    #[arg(long)]
+    pub once: bool,
+    /// JSON (threadwise.top/1): one object, or one per line with --interval
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    secs(s, 0.05, 3600.0)
 }
 
 #[derive(Args, Debug)]

@@ -257,21 +257,40 @@ pub fn run(a: RunCmd) -> Result<Exit, Failure> {
         l.env
             .insert("TORCHELASTIC_ERROR_FILE".into(), f.display().to_string());
     }
+    let watch = std::sync::Arc::new(super::top::RunWatch::default());
+    let shown: Vec<String> = a
+        .command
+        .iter()
+        .map(|x| x.to_string_lossy().into_owned())
+        .collect();
     let opts = RunOptions {
         grace: a.grace,
         output: OutputOptions {
             prefix: !a.no_prefix,
-            show: a.local_ranks_filter.clone(),
+            // The live view takes the terminal; the output still goes to the logs.
+            show: if a.top {
+                Some(vec![])
+            } else {
+                a.local_ranks_filter.clone()
+            },
             sink: None,
         },
         timeout: None,
         log_dir: a.log_dir.clone(),
+        on_spawned: Some(watch.hook(
+            &p,
+            &t,
+            shown,
+            a.log_dir.as_ref().map(|d| d.display().to_string()),
+            a.top,
+        )),
     };
     if let Some(w) = a.log_dir.as_deref().and_then(settings::log_dir_warning) {
         crate::say!("threadwise: warning: {w}");
     }
-    let outcome = supervise::run(&launches, &opts)?;
-    finish_run(&a, &outcome, &errors)
+    let outcome = supervise::run(&launches, &opts);
+    watch.finish();
+    finish_run(&a, &outcome?, &errors)
 }
 
 /// Hand the job to torchrun's elastic agent; each rank runs `threadwise bind`.

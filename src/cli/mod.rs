@@ -5,6 +5,7 @@ mod args;
 mod doctor;
 mod launch;
 mod settings;
+mod top;
 mod topo;
 mod tune;
 
@@ -109,6 +110,7 @@ pub fn main() -> i32 {
         Command::Bind(a) => launch::bind_cmd(a),
         Command::Tune(a) => tune::tune_cmd(a),
         Command::Doctor(a) => doctor::doctor(a),
+        Command::Top(a) => top::top_cmd(a),
         c @ (Command::Completions { .. } | Command::Man) => generated(&c),
         Command::Watchdog { dir } => Ok(Exit(crate::launch::contain::watchdog(&dir))),
     };

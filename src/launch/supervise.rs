@@ -26,6 +26,21 @@ pub struct RunOptions {
     pub timeout: Option<Duration>,
     pub output: OutputOptions,
     pub log_dir: Option<PathBuf>,
+    /// Told every rank's (local rank, pid) once all have started.
+    pub on_spawned: Option<Spawned>,
+}
+
+/// A callback with the ranks' pids (the state file for `top`, `run --top`).
+#[derive(Clone)]
+pub struct Spawned(pub Arc<SpawnedFn>);
+
+/// Called with every rank's (local rank, pid).
+pub type SpawnedFn = dyn Fn(&[(usize, i32)]) + Send + Sync;
+
+impl std::fmt::Debug for Spawned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Spawned(..)")
+    }
 }
 
 /// How a rank ended.
@@ -467,6 +482,14 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
         .unwrap_or(0);
     let start = Instant::now();
     let mut children = spawn_all(ranks, opts, cgroup.as_ref())?;
+    if let Some(Spawned(f)) = &opts.on_spawned {
+        let pids: Vec<(usize, i32)> = ranks
+            .iter()
+            .zip(&children)
+            .map(|(r, (c, _))| (r.local_rank, c.id() as i32))
+            .collect();
+        f(&pids);
+    }
     let mut w = Watch {
         running: children
             .iter()

@@ -69,6 +69,7 @@ impl super::TrialRunner for Runner {
                 sink: Some(sink),
             },
             log_dir: None,
+            on_spawned: None,
         };
         if let Some(g) = &mut self.gpu {
             g.start();

@@ -9,6 +9,7 @@ mod plans;
 mod run;
 mod signals;
 mod slurm;
+mod top;
 mod topologies;
 mod tune;
 

@@ -1,0 +1,188 @@
+//! Which ranks `top` watches. `threadwise run` writes a small state file
+//! (owner-only, in `$XDG_RUNTIME_DIR/threadwise/` or `/tmp/threadwise-UID/`)
+//! with its pid, plan and the ranks' pids; `top` reads the live ones. `--pid`
+//! names processes directly; `--all` finds every rank a launcher started
+//! (torchrun, Slurm, Open MPI, with or without `threadwise bind`) from the
+//! variables in `/proc/PID/environ` that this user may read.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::Target;
+use crate::cpuset::CpuSet;
+
+pub const STATE_SCHEMA: &str = "threadwise.run-state/1";
+
+/// What a running `threadwise run` tells `top`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunState {
+    pub schema: String,
+    /// The `threadwise run` process.
+    pub pid: i32,
+    pub command: Vec<String>,
+    pub ranks: Vec<Target>,
+    pub log_dir: Option<String>,
+}
+
+fn uid() -> u32 {
+    // SAFETY: plain query.
+    unsafe { libc::geteuid() }
+}
+
+/// Where state files go: `$XDG_RUNTIME_DIR/threadwise`, else `/tmp/threadwise-UID`.
+pub fn state_dir() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| Path::new(d).is_absolute()) {
+        Some(d) => Path::new(&d).join("threadwise"),
+        None => PathBuf::from(format!("/tmp/threadwise-{}", uid())),
+    }
+}
+
+/// The state directory, created owner-only; refused when someone else owns
+/// it or may write it (a planted directory in /tmp).
+fn own_dir() -> Result<PathBuf, String> {
+    let d = state_dir();
+    if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&d)
+        && e.kind() != std::io::ErrorKind::AlreadyExists
+    {
+        return Err(format!("cannot create {}: {e}", d.display()));
+    }
+    let m = std::fs::symlink_metadata(&d).map_err(|e| e.to_string())?;
+    if !m.is_dir() || m.uid() != uid() || m.mode() & 0o077 != 0 {
+        return Err(format!(
+            "{} is not a directory of yours with mode 700",
+            d.display()
+        ));
+    }
+    Ok(d)
+}
+
+/// Write the state of run `state.pid`; returns the file to remove at the end.
+pub fn write_state(state: &RunState) -> Result<PathBuf, String> {
+    let f = own_dir()?.join(format!("run-{}.json", state.pid));
+    let text = serde_json::to_string(state).map_err(|e| e.to_string())?;
+    crate::files::write_output(&f, text.as_bytes()).map_err(|e| e.to_string())?;
+    Ok(f)
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+/// The runs whose `threadwise run` is still alive, newest first.
+pub fn live_runs() -> Vec<RunState> {
+    let Ok(rd) = std::fs::read_dir(state_dir()) else {
+        return vec![];
+    };
+    let mut out: Vec<(std::time::SystemTime, RunState)> = rd
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let m = e.metadata().ok()?;
+            if m.uid() != uid() {
+                return None;
+            }
+            let text = crate::topology::fsread::read_bounded(&e.path(), 16 << 20).ok()?;
+            let s: RunState = serde_json::from_str(&text).ok()?;
+            let when = m.modified().ok()?;
+            (s.schema == STATE_SCHEMA && alive(s.pid)).then_some((when, s))
+        })
+        .collect();
+    out.sort_by_key(|x| std::cmp::Reverse(x.0));
+    out.into_iter().map(|(_, s)| s).collect()
+}
+
+fn environ(pid: i32) -> Option<BTreeMap<String, String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    Some(
+        raw.split(|b| *b == 0)
+            .filter_map(|kv| {
+                let kv = std::str::from_utf8(kv).ok()?;
+                let (k, v) = kv.split_once('=')?;
+                Some((k.to_string(), v.to_string()))
+            })
+            .collect(),
+    )
+}
+
+fn parent(pid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s[s.rfind(')')? + 2..]
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn affinity(pid: i32) -> CpuSet {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            let l = s.lines().find(|l| l.starts_with("Cpus_allowed_list:"))?;
+            CpuSet::parse_list(l["Cpus_allowed_list:".len()..].trim()).ok()
+        })
+        .unwrap_or_default()
+}
+
+/// A target from a process's launcher variables, or None when it is no rank.
+pub fn target_from_env(pid: i32, env: &BTreeMap<String, String>) -> Option<Target> {
+    let local = [
+        "LOCAL_RANK",
+        "SLURM_LOCALID",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "PMI_LOCAL_RANK",
+    ]
+    .iter()
+    .find_map(|k| env.get(*k)?.trim().parse::<usize>().ok())?;
+    let set = |k: &str| env.get(k).and_then(|v| CpuSet::parse_list(v).ok());
+    Some(Target {
+        local_rank: local,
+        pid,
+        cpus: set("THREADWISE_CPUS").unwrap_or_else(|| affinity(pid)),
+        worker_cpus: set("THREADWISE_WORKER_CPUS").unwrap_or_default(),
+        mem_nodes: env
+            .get("THREADWISE_NUMA_NODES")
+            .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+            .unwrap_or_default(),
+    })
+}
+
+/// Every rank a launcher started that this user may read: processes with a
+/// local-rank variable whose parent is not itself such a rank (DataLoader
+/// workers inherit the variables), and that are not launchers (`srun`,
+/// `torchrun`, `threadwise`).
+pub fn all_ranks() -> Vec<Target> {
+    let me = std::process::id() as i32;
+    let mut found: BTreeMap<i32, Target> = BTreeMap::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if matches!(
+            comm.trim(),
+            "srun" | "torchrun" | "threadwise" | "slurmstepd" | "mpirun" | "prterun" | "prted"
+        ) {
+            continue;
+        }
+        if let Some(env) = environ(pid)
+            && let Some(t) = target_from_env(pid, &env)
+        {
+            found.insert(pid, t);
+        }
+    }
+    let ranks: Vec<i32> = found.keys().copied().collect();
+    found
+        .into_values()
+        .filter(|t| parent(t.pid).is_none_or(|pp| !ranks.contains(&pp)))
+        .collect()
+}
