@@ -35,6 +35,19 @@ check "threadwise run" "$out/run.log"
 torchrun --standalone --nproc-per-node 2 --no-python "$tw" bind -- python "$ex" --steps "$steps" >"$out/bind.log" 2>&1
 check "torchrun --no-python threadwise bind" "$out/bind.log"
 
+# top --all finds the ranks real torchrun started through threadwise bind.
+torchrun --standalone --nproc-per-node 2 --no-python "$tw" bind -- python "$ex" --steps "$steps" >"$out/bind-top.log" 2>&1 &
+tr=$!
+found=0
+for _ in $(seq 1 60); do
+  sleep 1
+  n=$("$tw" top --all --once --json --interval 0.3 2>/dev/null | python -c 'import json,sys; print(len(json.load(sys.stdin)["ranks"]))' 2>/dev/null || echo 0)
+  if [ "$n" -ge 2 ]; then found=1; break; fi
+done
+wait "$tr"
+[ "$found" = 1 ] || { echo "FAIL top --all: torchrun's ranks not found"; exit 1; }
+printf '%-44s %s\n' "threadwise top --all (torchrun + bind)" "found 2 ranks"
+
 # Each bound rank got its own CPUs (disjoint), unlike torchrun's default.
 for log in run bind; do
   sets=$(grep -o 'local [0-9]: cpus [0-9,-]*' "$out/$log.log" | awk '{print $4}' | sort)
@@ -49,4 +62,4 @@ wait
 cat "$out/node0.log" "$out/node1.log" >"$out/nodes.log"
 check "threadwise run --nnodes 2 (two agents)" "$out/nodes.log"
 grep -q "rank 1/2" "$out/nodes.log" || { echo "FAIL: the second node's rank did not join"; exit 1; }
-echo "4 passed, 0 failed"
+echo "5 passed, 0 failed"

@@ -10,7 +10,9 @@ use clap::builder::{PossibleValue, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::export::PlanFormat;
-use crate::plan::{AllocatorChoice, Amount, GpuSelect, MemPolicy, NProc, Policy, Profile};
+use crate::plan::{
+    AllocatorChoice, Amount, GpuSelect, MemPolicy, NProc, Policy, Profile, WaitPolicy,
+};
 use crate::tune::Strategy;
 use crate::workload;
 
@@ -102,6 +104,7 @@ value_enum!(
     MemPolicy,
     AllocatorChoice,
     Profile,
+    WaitPolicy,
     PlanFormat,
     Strategy
 );
@@ -149,6 +152,9 @@ pub struct PlanArgs {
     /// Also set OMP_PROC_BIND=close OMP_PLACES=cores (pins the main thread: see README)
     #[arg(long)]
     pub omp_bind: bool,
+    /// How idle OpenMP threads wait: OMP_WAIT_POLICY, GOMP_SPINCOUNT, KMP_BLOCKTIME
+    #[arg(long, value_enum, default_value_t = WaitPolicy::Default)]
+    pub omp_wait: WaitPolicy,
 }
 
 #[derive(Args, Debug)]
@@ -390,9 +396,10 @@ pub struct TuneCmd {
     /// Unmeasured runs per configuration first
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000).map(|v| v as usize))]
     pub warmup: usize,
-    /// all: every configuration every round; halving: from the second round on,
-    /// drop configurations whose best trial is below the best one's worst
-    #[arg(long, value_enum, default_value_t = Strategy::All)]
+    /// all: every configuration every round; halving: after the second round,
+    /// drop configurations whose best trial is below the best one's worst;
+    /// auto: halving when there are more than 8 configurations
+    #[arg(long, value_enum, default_value_t = Strategy::Auto)]
     pub strategy: Strategy,
     /// A grid instead of the default rows: threads=1,2,4 policy=none,exclusive workers=2,4 allocator=none,jemalloc
     #[arg(long, value_name = "KEY=V1,V2 ...", num_args = 1..)]

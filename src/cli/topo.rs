@@ -92,6 +92,7 @@ pub fn request(a: &PlanArgs) -> PlanRequest {
         nnodes: a.nnodes as usize,
         oversubscribe: a.oversubscribe,
         omp_bind: a.omp_bind,
+        omp_wait: a.omp_wait,
     }
 }
 
@@ -152,7 +153,7 @@ mod tests {
     use super::*;
     use crate::cli::{Cli, Command};
     use crate::export::request_args;
-    use crate::plan::{Amount, GpuSelect, MemPolicy, NProc, Policy, Profile};
+    use crate::plan::{Amount, GpuSelect, MemPolicy, NProc, Policy, Profile, WaitPolicy};
 
     fn reparse(args: &[String]) -> PlanRequest {
         let argv = ["threadwise", "bind"]
@@ -182,7 +183,10 @@ mod tests {
             proptest::sample::select(Policy::ALL),
             proptest::sample::select(MemPolicy::ALL),
             proptest::sample::select(AllocatorChoice::ALL),
-            proptest::sample::select(Profile::ALL),
+            (
+                proptest::sample::select(Profile::ALL),
+                proptest::sample::select(WaitPolicy::ALL),
+            ),
             (amount.clone(), amount),
             (any::<[bool; 4]>(), 1usize..8),
         )
@@ -193,7 +197,7 @@ mod tests {
                     policy,
                     mem,
                     allocator,
-                    profile,
+                    (profile, omp_wait),
                     (threads, workers),
                     (b, nnodes),
                 )| {
@@ -211,6 +215,7 @@ mod tests {
                         nnodes,
                         oversubscribe: b[2],
                         omp_bind: b[3],
+                        omp_wait,
                     }
                 },
             )

@@ -42,8 +42,13 @@ fn workload_binary() -> Result<PathBuf, Failure> {
 fn configs(
     a: &TuneCmd,
     base: &plan::PlanRequest,
+    base_plan: &Plan,
     facts: &Facts,
 ) -> Result<Vec<TuneConfig>, Failure> {
+    let planned = base_plan
+        .ranks
+        .first()
+        .map_or((1, 1), |r| (r.threads, r.workers));
     let bad = |e: grid::GridError| {
         Failure::usage(
             e.to_string(),
@@ -51,7 +56,7 @@ fn configs(
         )
     };
     let mut v = if a.grid.is_empty() {
-        grid::defaults(base, &facts.allocators)
+        grid::defaults(base, planned, &facts.allocators)
     } else {
         grid::expand(base, &a.grid).map_err(bad)?
     };
@@ -167,7 +172,7 @@ pub fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
     let facts = facts_with_allocators();
     // The base request must make sense on this machine before anything runs.
     let base_plan = plan::plan(&topo, &base, &facts)?;
-    let configs = configs(&a, &base, &facts)?;
+    let configs = configs(&a, &base, &base_plan, &facts)?;
     let argv = trial_argv(&a)?;
     let files = exports(&a);
     let shown: Vec<String> = argv
@@ -185,6 +190,8 @@ pub fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
         gpu: GpuSampler::new(),
     };
     let opts = TuneOptions {
+        // The default search combines what beat the plan; a --grid is measured as given.
+        combine: a.grid.is_empty().then(|| base.clone()),
         runs: a.runs,
         max_runs: a.max_runs.unwrap_or(a.runs).max(a.runs),
         warmup: a.warmup,

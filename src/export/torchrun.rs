@@ -2,7 +2,9 @@
 //! through `threadwise bind` (torchrun's `--no-python` runs it directly).
 
 use super::{Context, ExportError, Exporter, quote_all};
-use crate::plan::{Amount, GpuSelect, MemPolicy, NProc, Plan, PlanRequest, Policy, Profile};
+use crate::plan::{
+    Amount, GpuSelect, MemPolicy, NProc, Plan, PlanRequest, Policy, Profile, WaitPolicy,
+};
 
 /// The plan options that reproduce a request (defaults left out).
 pub fn request_args(req: &PlanRequest) -> Vec<String> {
@@ -38,6 +40,9 @@ pub fn request_args(req: &PlanRequest) -> Vec<String> {
     }
     if req.nnodes != 1 {
         opt("nnodes", req.nnodes.to_string());
+    }
+    if req.omp_wait != WaitPolicy::Default {
+        opt("omp-wait", req.omp_wait.to_string());
     }
     for (flag, on) in [
         ("--smt", req.smt),

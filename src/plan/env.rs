@@ -91,6 +91,18 @@ pub fn rank_env(
         set("OMP_PROC_BIND", "close".into());
         set("OMP_PLACES", "cores".into());
     }
+    match req.omp_wait {
+        super::WaitPolicy::Default => {}
+        super::WaitPolicy::Active => {
+            set("OMP_WAIT_POLICY", "ACTIVE".into());
+            set("KMP_BLOCKTIME", "200".into());
+        }
+        super::WaitPolicy::Passive => {
+            set("OMP_WAIT_POLICY", "PASSIVE".into());
+            set("GOMP_SPINCOUNT", "0".into());
+            set("KMP_BLOCKTIME", "0".into());
+        }
+    }
     set("THREADWISE_CPUS", rank.cpus.to_string());
     set("THREADWISE_NUM_THREADS", rank.threads.to_string());
     set("THREADWISE_NUM_WORKERS", rank.workers.to_string());

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 pub use env::{THREAD_VARS, find_allocators};
 pub use request::{
     Allocator, AllocatorChoice, AllocatorKind, Amount, GpuSelect, MemPolicy, NProc, PlanRequest,
-    Policy, Profile,
+    Policy, Profile, WaitPolicy,
 };
 
 use crate::cpuset::CpuSet;
@@ -298,6 +298,19 @@ pub fn plan(topo: &Topology, req: &PlanRequest, facts: &Facts) -> Result<Plan, P
         };
         rank.env = env::rank_env(req, &rank, &selected, allocator.as_ref());
         ranks.push(rank);
+    }
+    match req.omp_wait {
+        WaitPolicy::Default => {}
+        WaitPolicy::Active => reasons.push(
+            "OpenMP threads spin while idle (OMP_WAIT_POLICY=ACTIVE, KMP_BLOCKTIME=200): \
+             lowest latency when each thread has its own core, costly when they share"
+                .into(),
+        ),
+        WaitPolicy::Passive => reasons.push(
+            "OpenMP threads sleep at once when idle (OMP_WAIT_POLICY=PASSIVE, GOMP_SPINCOUNT=0, \
+             KMP_BLOCKTIME=0): the CPU goes to DataLoader workers and other ranks"
+                .into(),
+        ),
     }
     if req.omp_bind {
         reasons.push(

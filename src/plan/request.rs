@@ -87,6 +87,22 @@ crate::named_enum! {
 }
 
 crate::named_enum! {
+    /// How idle OpenMP threads wait (OMP_WAIT_POLICY, GOMP_SPINCOUNT, KMP_BLOCKTIME):
+    /// spinning threads are what make oversubscription so costly.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum WaitPolicy ("a wait policy,") {
+        /// The runtime's own (libgomp spins a while, then sleeps).
+        #[default]
+        Default => "default",
+        /// Spin: lowest latency when every thread has its own core.
+        Active => "active",
+        /// Sleep at once: leaves the CPU to others (workers, other ranks).
+        Passive => "passive",
+    }
+}
+
+crate::named_enum! {
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
     #[serde(rename_all = "lowercase")]
     pub enum AllocatorKind ("an allocator,") {
@@ -121,6 +137,9 @@ pub struct PlanRequest {
     pub oversubscribe: bool,
     /// Set OMP_PROC_BIND/OMP_PLACES (off by default: the CPU-0 trap).
     pub omp_bind: bool,
+    /// How idle OpenMP threads wait.
+    #[serde(default)]
+    pub omp_wait: WaitPolicy,
 }
 
 impl Default for PlanRequest {
@@ -139,6 +158,7 @@ impl Default for PlanRequest {
             nnodes: 1,
             oversubscribe: false,
             omp_bind: false,
+            omp_wait: WaitPolicy::Default,
         }
     }
 }
@@ -297,6 +317,7 @@ mod tests {
         names(AllocatorChoice::ALL);
         names(Profile::ALL);
         names(AllocatorKind::ALL);
+        names(WaitPolicy::ALL);
         assert!(
             "fast"
                 .parse::<Policy>()

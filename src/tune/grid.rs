@@ -1,7 +1,7 @@
 //! Which configurations tune measures: the guides' rows and ours by default, a
 //! `--grid key=v1,v2 ...` cartesian product, and `--config NAME=key=v ...`.
 //! Keys: threads (N, auto or unset), workers, policy, allocator, mem, smt,
-//! profile. "threads=unset" leaves every thread variable out, so each runtime
+//! profile, wait. "threads=unset" leaves every thread variable out, so each runtime
 //! sizes its pool to all CPUs (the case the guides start from).
 
 use serde::{Deserialize, Serialize};
@@ -17,15 +17,21 @@ pub struct TuneConfig {
     pub request: PlanRequest,
     /// Remove the thread-count variables instead of setting them.
     pub unset_threads: bool,
+    /// The one `key=value` this row changes from the plan (the default
+    /// search's rows; their best values are combined after the second round).
+    #[serde(default)]
+    pub axis: Option<(String, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum GridError {
     #[error(
-        "{0:?}: expected key=value (keys: threads, workers, policy, allocator, mem, smt, profile)"
+        "{0:?}: expected key=value (keys: threads, workers, policy, allocator, mem, smt, profile, wait)"
     )]
     Syntax(String),
-    #[error("unknown key {0:?} (keys: threads, workers, policy, allocator, mem, smt, profile)")]
+    #[error(
+        "unknown key {0:?} (keys: threads, workers, policy, allocator, mem, smt, profile, wait)"
+    )]
     Key(String),
     #[error("{key}={value}: {why}")]
     Value {
@@ -56,6 +62,7 @@ fn apply_one(req: &mut PlanRequest, key: &str, value: &str) -> Result<bool, Grid
         "allocator" => req.allocator = value.parse().map_err(bad)?,
         "mem" => req.mem = value.parse().map_err(bad)?,
         "profile" => req.profile = value.parse().map_err(bad)?,
+        "wait" => req.omp_wait = value.parse().map_err(bad)?,
         "smt" => {
             req.smt = match value {
                 "true" | "on" | "1" => true,
@@ -89,6 +96,7 @@ pub fn from_words(name: &str, base: &PlanRequest, words: &[&str]) -> Result<Tune
         name: name.to_string(),
         request,
         unset_threads: unset,
+        axis: None,
     })
 }
 
@@ -104,12 +112,24 @@ fn unset(base: &PlanRequest) -> TuneConfig {
         name: "unset".into(),
         request,
         unset_threads: true,
+        axis: None,
     }
 }
 
-/// The default rows: the guides' (threads unset, 4, 2, 1 without pinning, the
-/// seed formulas) and threadwise's plan, with each installed allocator.
-pub fn defaults(base: &PlanRequest, allocators: &[Allocator]) -> Vec<TuneConfig> {
+/// The default rows. First the guides' (threads unset, 4, 2 and 1 without
+/// pinning, the seed formulas), so the table still reads like theirs; then
+/// threadwise's plan and one row per change of one dimension from it:
+/// pinning off, DataLoader workers (0, 1, 2, 4 but the plan's own), each
+/// installed allocator, the OpenMP wait policy, one compute thread. After the
+/// second round `tune` combines the values that beat the plan into one more
+/// row (a coordinate search: these effects are close to independent, and a
+/// full product would be 64+ launches). `threads`/`workers` are the plan's
+/// own per-rank values.
+pub fn defaults(
+    base: &PlanRequest,
+    planned: (usize, usize),
+    allocators: &[Allocator],
+) -> Vec<TuneConfig> {
     let unpinned = |n: usize| TuneConfig {
         name: format!("threads={n}"),
         request: PlanRequest {
@@ -119,28 +139,9 @@ pub fn defaults(base: &PlanRequest, allocators: &[Allocator]) -> Vec<TuneConfig>
             ..base.clone()
         },
         unset_threads: false,
+        axis: None,
     };
     let mut v = vec![unset(base), unpinned(4), unpinned(2), unpinned(1)];
-    v.push(TuneConfig {
-        name: "plan".into(),
-        request: base.clone(),
-        unset_threads: false,
-    });
-    for (kind, choice) in [
-        (AllocatorKind::Jemalloc, AllocatorChoice::Jemalloc),
-        (AllocatorKind::Tcmalloc, AllocatorChoice::Tcmalloc),
-    ] {
-        if allocators.iter().any(|a| a.kind == kind) {
-            v.push(TuneConfig {
-                name: format!("plan+{kind}"),
-                request: PlanRequest {
-                    allocator: choice,
-                    ..base.clone()
-                },
-                unset_threads: false,
-            });
-        }
-    }
     v.push(TuneConfig {
         name: "seed".into(),
         request: PlanRequest {
@@ -149,8 +150,61 @@ pub fn defaults(base: &PlanRequest, allocators: &[Allocator]) -> Vec<TuneConfig>
             ..base.clone()
         },
         unset_threads: false,
+        axis: None,
     });
+    v.push(TuneConfig {
+        name: "plan".into(),
+        request: base.clone(),
+        unset_threads: false,
+        axis: None,
+    });
+    let (threads, workers) = planned;
+    let mut axes: Vec<(&str, String)> = vec![];
+    if base.policy != Policy::None {
+        axes.push(("policy", "none".into()));
+    }
+    if base.workers == Amount::Auto {
+        for w in [0usize, 1, 2, 4].into_iter().filter(|w| *w != workers) {
+            axes.push(("workers", w.to_string()));
+        }
+    }
+    for kind in [AllocatorKind::Tcmalloc, AllocatorKind::Jemalloc] {
+        if base.allocator == AllocatorChoice::None && allocators.iter().any(|a| a.kind == kind) {
+            axes.push(("allocator", kind.to_string()));
+        }
+    }
+    if base.omp_wait == crate::plan::WaitPolicy::Default {
+        axes.push(("wait", "passive".into()));
+        axes.push(("wait", "active".into()));
+    }
+    if base.threads == Amount::Auto && threads != 1 {
+        axes.push(("threads", "1".into()));
+    }
+    for (k, val) in axes {
+        let word = format!("{k}={val}");
+        if let Ok(mut c) = from_words(&format!("plan {word}"), base, &[word.as_str()]) {
+            c.axis = Some((k.to_string(), val));
+            v.push(c);
+        }
+    }
     v
+}
+
+/// The plan with every axis value that beat it, as one more configuration
+/// (None when fewer than two did: nothing to combine).
+pub fn combined(base: &PlanRequest, better: &[(String, String)]) -> Option<TuneConfig> {
+    let mut per_key: Vec<(String, String)> = vec![];
+    for (k, v) in better {
+        if !per_key.iter().any(|(pk, _)| pk == k) {
+            per_key.push((k.clone(), v.clone()));
+        }
+    }
+    if per_key.len() < 2 {
+        return None;
+    }
+    let words: Vec<String> = per_key.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let refs: Vec<&str> = words.iter().map(String::as_str).collect();
+    from_words(&format!("plan {}", words.join(" ")), base, &refs).ok()
 }
 
 /// The cartesian product of `key=v1,v2` items, after the unset baseline.
@@ -272,7 +326,7 @@ mod tests {
             kind: AllocatorKind::Jemalloc,
             path: "/x".into(),
         };
-        let names: Vec<String> = defaults(&PlanRequest::default(), &[je])
+        let names: Vec<String> = defaults(&PlanRequest::default(), (2, 1), &[je])
             .into_iter()
             .map(|c| c.name)
             .collect();
@@ -283,12 +337,19 @@ mod tests {
                 "threads=4",
                 "threads=2",
                 "threads=1",
+                "seed",
                 "plan",
-                "plan+jemalloc",
-                "seed"
+                "plan policy=none",
+                "plan workers=0",
+                "plan workers=2",
+                "plan workers=4",
+                "plan allocator=jemalloc",
+                "plan wait=passive",
+                "plan wait=active",
+                "plan threads=1"
             ]
         );
-        let all = defaults(&PlanRequest::default(), &[]);
+        let all = defaults(&PlanRequest::default(), (1, 1), &[]);
         assert!(dedupe([all.clone(), all].concat()).is_err());
     }
 }

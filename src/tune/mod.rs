@@ -225,6 +225,8 @@ impl TuneReport {
 crate::named_enum! {
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum Strategy ("a strategy,") {
+        /// Halving when there are more than 8 configurations, else all.
+        Auto => "auto",
         /// Every configuration every round.
         All => "all",
         /// After each round, drop configurations clearly worse than the best one.
@@ -235,6 +237,9 @@ crate::named_enum! {
 /// How to tune.
 #[derive(Debug, Clone)]
 pub struct TuneOptions {
+    /// With the default search: the plan's request, to combine the axis
+    /// values that beat the plan into one more configuration.
+    pub combine: Option<crate::plan::PlanRequest>,
     pub runs: usize,
     /// Extra rounds, up to this many trials, for a close race (>= runs).
     pub max_runs: usize,
@@ -298,6 +303,9 @@ fn describe(c: &TuneConfig) -> String {
     }
     if r.smt {
         s.push_str(", smt");
+    }
+    if r.omp_wait != crate::plan::WaitPolicy::Default {
+        s.push_str(&format!(", wait {}", r.omp_wait));
     }
     s
 }
@@ -467,7 +475,7 @@ fn clearly_worse(report: &TuneReport, active: &[usize]) -> Vec<usize> {
 
 /// The tuning loop's state between trials.
 struct Session<'a> {
-    configs: &'a [TuneConfig],
+    configs: Vec<TuneConfig>,
     opts: &'a TuneOptions,
     report: TuneReport,
     /// How throughput is read, decided by the first trial that succeeds: from
@@ -487,7 +495,7 @@ impl Session<'_> {
         let warm = round < self.opts.warmup;
         for &i in which {
             on_event(Event::TrialStart {
-                config: &self.configs[i].name,
+                config: &self.configs[i].name.clone(),
                 round,
                 warmup: warm,
             });
@@ -543,6 +551,46 @@ impl Session<'_> {
         finish(r);
     }
 
+    /// The default search's combination: every axis value whose median beat
+    /// the plan's, the best per key; added as one more configuration.
+    fn combine(
+        &mut self,
+        base: &crate::plan::PlanRequest,
+        active: &mut Vec<usize>,
+    ) -> Option<usize> {
+        let r = &self.report;
+        let plan = r.configs.iter().find(|c| c.name == "plan")?.throughput?;
+        let mut better: Vec<(f64, (String, String))> = self
+            .configs
+            .iter()
+            .zip(&r.configs)
+            .filter_map(|(c, res)| {
+                let m = res.throughput?.median;
+                (m > plan.median)
+                    .then(|| (m, c.axis.clone()))?
+                    .1
+                    .map(|a| (m, a))
+            })
+            .collect();
+        better.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let axes: Vec<(String, String)> = better.into_iter().map(|(_, a)| a).collect();
+        let c = grid::combined(base, &axes)?;
+        if self
+            .configs
+            .iter()
+            .any(|x| x.name == c.name || x.request == c.request)
+        {
+            return None;
+        }
+        self.report
+            .configs
+            .push(ConfigResult::new(&c.name, describe(&c)));
+        self.configs.push(c);
+        let i = self.configs.len() - 1;
+        active.push(i);
+        Some(i)
+    }
+
     /// The winner and the configurations it cannot be told apart from.
     fn close_race(&self, active: &[usize]) -> Vec<usize> {
         let r = &self.report;
@@ -580,30 +628,68 @@ pub fn tune(
     report.warmup = opts.warmup;
     let mut total = configs.len() * (opts.runs + opts.warmup);
     on_event(Event::Start { total });
+    let halving = match opts.strategy {
+        Strategy::Auto => configs.len() > 8,
+        s => s == Strategy::Halving,
+    };
     let mut s = Session {
-        configs,
+        configs: configs.to_vec(),
         opts,
         report,
         mode: None,
     };
     let mut active: Vec<usize> = (0..configs.len()).collect();
+    let mut late: Option<usize> = None;
     for round in 0..opts.warmup + opts.runs {
         if !s.round(&active.clone(), round, runner, on_event) {
             return s.report;
         }
         // Halving judges from the second measured round: one trial is no range.
-        if round > opts.warmup
-            && opts.strategy == Strategy::Halving
-            && round + 1 < opts.warmup + opts.runs
-        {
-            let worse = clearly_worse(&s.report, &active);
-            for &i in &worse {
-                s.report.configs[i].dropped_after_round = Some(round - opts.warmup);
+        if round == opts.warmup + 1 {
+            if halving && round + 1 < opts.warmup + opts.runs {
+                let worse = clearly_worse(&s.report, &active);
+                for &i in &worse {
+                    s.report.configs[i].dropped_after_round = Some(round - opts.warmup);
+                }
+                active.retain(|i| !worse.contains(i));
             }
-            active.retain(|i| !worse.contains(i));
+            if let Some(base) = &opts.combine {
+                late = s.combine(base, &mut active);
+                if late.is_some() {
+                    total += opts.runs;
+                    on_event(Event::Start { total });
+                }
+            }
         }
     }
-    for round in opts.warmup + opts.runs..opts.warmup + opts.max_runs.max(opts.runs) {
+    // A combination that joined late runs on beside the winner until it has
+    // as many trials as the others.
+    if let Some(c) = late {
+        let mut round = opts.warmup + opts.runs;
+        while s.report.configs[c].trials.len() < opts.runs {
+            let winner = s
+                .report
+                .winner
+                .as_ref()
+                .and_then(|w| s.report.configs.iter().position(|x| &x.name == w));
+            let mut which = vec![c];
+            which.extend(winner.filter(|w| *w != c));
+            total += which.len().saturating_sub(1);
+            on_event(Event::Start { total });
+            if !s.round(&which, round, runner, on_event) {
+                return s.report;
+            }
+            round += 1;
+        }
+    }
+    let first_extra = opts.warmup
+        + s.report
+            .configs
+            .iter()
+            .map(|c| c.trials.len())
+            .max()
+            .unwrap_or(0);
+    for round in first_extra..opts.warmup + opts.max_runs.max(opts.runs) {
         let close = s.close_race(&active);
         if close.len() < 2 {
             break;

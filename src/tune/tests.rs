@@ -48,12 +48,14 @@ fn configs(names: &[&str]) -> Vec<TuneConfig> {
             name: n.to_string(),
             request: PlanRequest::default(),
             unset_threads: *n == "unset",
+            axis: None,
         })
         .collect()
 }
 
 fn opts(runs: usize, warmup: usize, strategy: Strategy) -> TuneOptions {
     TuneOptions {
+        combine: None,
         runs,
         max_runs: runs,
         warmup,
@@ -251,4 +253,78 @@ fn outliers_and_a_slow_first_trial_are_marked() {
         text.contains("outlier") && text.contains("first trial was slow"),
         "{text}"
     );
+}
+
+#[test]
+fn the_default_search_combines_what_beat_the_plan() {
+    let mut f = fake(&[
+        ("unset", &[5.0, 5.0, 5.0, 5.0]),
+        ("plan", &[10.0, 10.0, 10.0, 10.0]),
+        ("plan workers=0", &[12.0, 12.0, 12.0, 12.0]),
+        ("plan wait=passive", &[11.0, 11.0, 11.0, 11.0]),
+        ("plan policy=none", &[9.0, 9.0, 9.0, 9.0]),
+        ("plan workers=0 wait=passive", &[13.0, 13.1, 12.9]),
+    ]);
+    let base = PlanRequest::default();
+    let mut cs = configs(&["unset", "plan"]);
+    for (k, v) in [("workers", "0"), ("wait", "passive"), ("policy", "none")] {
+        let mut c =
+            grid::from_words(&format!("plan {k}={v}"), &base, &[&format!("{k}={v}")]).unwrap();
+        c.axis = Some((k.into(), v.into()));
+        cs.push(c);
+    }
+    let o = TuneOptions {
+        combine: Some(base),
+        ..opts(3, 0, Strategy::All)
+    };
+    let r = tune(
+        &cs,
+        new_report(vec![], 1, "x".into(), 2.0),
+        &o,
+        &mut f,
+        &mut |_| {},
+    );
+    let combined = r
+        .configs
+        .iter()
+        .find(|c| c.name == "plan workers=0 wait=passive")
+        .expect("the combination was added");
+    assert_eq!(combined.trials.len(), 3, "as many trials as the others");
+    assert_eq!(r.winner.as_deref(), Some("plan workers=0 wait=passive"));
+    assert!(r.complete);
+    // policy=none lost to the plan: it is not in the combination.
+    assert!(!combined.options.contains("policy none"));
+}
+
+#[test]
+fn the_default_rows_cover_each_dimension_once() {
+    let base = PlanRequest::default();
+    let rows = grid::defaults(&base, (1, 1), &[]);
+    let names: Vec<&str> = rows.iter().map(|c| c.name.as_str()).collect();
+    for want in [
+        "unset",
+        "threads=4",
+        "threads=2",
+        "threads=1",
+        "seed",
+        "plan",
+        "plan policy=none",
+        "plan workers=0",
+        "plan workers=2",
+        "plan workers=4",
+        "plan wait=passive",
+        "plan wait=active",
+    ] {
+        assert!(names.contains(&want), "{want} in {names:?}");
+    }
+    assert!(
+        !names.contains(&"plan workers=1"),
+        "the plan's own value is the plan"
+    );
+    assert!(
+        !names.contains(&"plan threads=1"),
+        "the plan already runs 1 thread"
+    );
+    let passive = rows.iter().find(|c| c.name == "plan wait=passive").unwrap();
+    assert_eq!(passive.request.omp_wait, crate::plan::WaitPolicy::Passive);
 }
