@@ -4,7 +4,7 @@
 ResNet-style CNN on synthetic images, gloo on CPU (nccl when CUDA is there),
 a DataLoader whose workers do real CPU work per sample (as JPEG decoding and
 augmentation would), num_workers from THREADWISE_NUM_WORKERS. Prints the
-placement each rank sees, then "throughput: N img/s" from rank 0.
+placement each rank sees, then a torchvision-style line with "img/s: N" from rank 0.
 
 Runs under torchrun, `threadwise run`, or `torchrun --no-python threadwise bind`.
 """
@@ -139,7 +139,13 @@ def main():
     rate = torch.tensor([seen / elapsed])
     dist.all_reduce(rate)
     if rank == 0:
-        print(f"throughput: {rate.item():.1f} img/s (world {world}, loss {loss.item():.3f})", flush=True)
+        # The torchvision reference scripts' shape (MetricLogger), numbers of
+        # other keys included: tune's default rules must read img/s, not lr.
+        print(
+            f"Epoch: [0]  [{args.steps}/{args.steps}]  lr: 0.05  img/s: {rate.item():.1f}  "
+            f"loss: {loss.item():.4f}  world: {world}",
+            flush=True,
+        )
     dist.destroy_process_group()
 
 

@@ -21,8 +21,8 @@ trap 'rm -rf "$out"' EXIT
 
 check() { # name log: the run printed a throughput and each rank its placement
   local name=$1 log=$2
-  grep -q "throughput:" "$log" || { echo "FAIL $name: no throughput"; cat "$log"; exit 1; }
-  printf '%-44s %s\n' "$name" "$(grep -o 'throughput: [0-9.]* img/s' "$log")"
+  grep -q "img/s: " "$log" || { echo "FAIL $name: no throughput"; cat "$log"; exit 1; }
+  printf '%-44s %s\n' "$name" "$(grep -o 'img/s: [0-9.]*' "$log")"
   grep -o 'rank [0-9]/[0-9] local [0-9]: cpus [0-9,-]* torch threads [0-9]*' "$log" | sed 's/^/    /'
 }
 
