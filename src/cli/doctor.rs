@@ -37,6 +37,7 @@ pub fn doctor(a: DoctorCmd) -> Result<Exit, Failure> {
         nproc: a.nproc,
         workers: a.workers,
         rdzv_endpoint: a.rdzv_endpoint.clone(),
+        quick: false,
     };
     let (py, py_state) = python_probe(&a);
     let report = Report {

@@ -102,6 +102,9 @@ pub struct Request {
     pub workers: Option<usize>,
     /// `--rdzv-endpoint HOST:PORT` of a multi-node job.
     pub rdzv_endpoint: Option<String>,
+    /// `run`'s quick checks: no NVML (its start-up can take 100 ms and more
+    /// on a GPU node), no tool lookups.
+    pub quick: bool,
 }
 
 /// The whole report (`--json`, schema threadwise.doctor/1).
@@ -139,8 +142,10 @@ pub fn diagnose(
     machine::cpu(sys, topo, &mut out);
     checks::network(sys, topo, req, &mut out);
     checks::allocator(sys, &mut out);
-    checks::tools(sys, &mut out);
-    checks::gpu(sys, topo, req, &mut out);
+    if !req.quick {
+        checks::tools(sys, &mut out);
+        checks::gpu(sys, topo, req, &mut out);
+    }
     if let Some(p) = py {
         python::findings(p, topo, req, &mut out);
     }
@@ -153,6 +158,7 @@ pub fn diagnose(
 pub fn preflight(sys: &dyn Sys, topo: &Topology, nproc: usize) -> Vec<Finding> {
     let req = Request {
         nproc: Some(nproc),
+        quick: true,
         ..Default::default()
     };
     diagnose(sys, topo, &req, None)

@@ -664,4 +664,8 @@ fn preflight_keeps_warnings_but_not_what_run_fixes_itself() {
         "run sets threads itself: {ids:?}"
     );
     assert!(f.iter().all(|x| x.severity >= Severity::Warn));
+    // No NVML start-up in run's path: a GPU whose driver does not load is
+    // doctor's finding, not a line before every run.
+    let g = preflight(&base(), &topo("core:4 gpu:2"), 2);
+    assert!(g.iter().all(|x| x.area != Area::Gpu), "{g:?}");
 }

@@ -71,8 +71,15 @@ fn notes(r: &TuneReport) -> String {
     let mut out = String::new();
     for c in &r.configs {
         if let Some(round) = c.dropped_after_round {
+            // Dropped on the trials it had then; say so when the winner's
+            // later trials made the two overlap after all.
+            let now = if c.indistinguishable_from_winner {
+                "; the winner's later trials overlap it now: --strategy all measures every row fully"
+            } else {
+                ""
+            };
             out.push_str(&format!(
-                "{}: dropped after round {round} (clearly worse)\n",
+                "{}: dropped after round {round}: its best trial was below the leader's worst then{now}\n",
                 c.name
             ));
         }

@@ -92,7 +92,10 @@ fn builtin_workload_report_is_complete_and_consistent() {
         assert!(names.contains(&want), "{names:?}");
     }
     for c in r["configs"].as_array().unwrap() {
-        assert_eq!(c["trials"].as_array().unwrap().len(), 2, "{}", c["name"]);
+        // Two each; the winner more when a combination of the plan's best
+        // axis values joined late and ran beside it.
+        let n = c["trials"].as_array().unwrap().len();
+        assert!(n == 2 || (n > 2 && r["winner"] == c["name"]), "{}: {n}", c["name"]);
         assert!(
             c["trials"]
                 .as_array()
