@@ -350,6 +350,12 @@ mod tests {
             ]
         );
         let all = defaults(&PlanRequest::default(), (1, 1), &[]);
+        let passive = all.iter().find(|c| c.name == "plan wait=passive").unwrap();
+        assert_eq!(passive.request.omp_wait, crate::plan::WaitPolicy::Passive);
+        assert!(
+            !all.iter()
+                .any(|c| c.name == "plan workers=1" || c.name == "plan threads=1")
+        );
         assert!(dedupe([all.clone(), all].concat()).is_err());
     }
 }

@@ -295,36 +295,3 @@ fn the_default_search_combines_what_beat_the_plan() {
     // policy=none lost to the plan: it is not in the combination.
     assert!(!combined.options.contains("policy none"));
 }
-
-#[test]
-fn the_default_rows_cover_each_dimension_once() {
-    let base = PlanRequest::default();
-    let rows = grid::defaults(&base, (1, 1), &[]);
-    let names: Vec<&str> = rows.iter().map(|c| c.name.as_str()).collect();
-    for want in [
-        "unset",
-        "threads=4",
-        "threads=2",
-        "threads=1",
-        "seed",
-        "plan",
-        "plan policy=none",
-        "plan workers=0",
-        "plan workers=2",
-        "plan workers=4",
-        "plan wait=passive",
-        "plan wait=active",
-    ] {
-        assert!(names.contains(&want), "{want} in {names:?}");
-    }
-    assert!(
-        !names.contains(&"plan workers=1"),
-        "the plan's own value is the plan"
-    );
-    assert!(
-        !names.contains(&"plan threads=1"),
-        "the plan already runs 1 thread"
-    );
-    let passive = rows.iter().find(|c| c.name == "plan wait=passive").unwrap();
-    assert_eq!(passive.request.omp_wait, crate::plan::WaitPolicy::Passive);
-}

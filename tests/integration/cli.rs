@@ -253,18 +253,7 @@ fn topo_human_view_of_this_machine() {
 /// cpuset and quota, and a hybrid CPU with an idle core outside the cpuset.
 #[test]
 fn topo_human_view_snapshots() {
-    let view = |desc: &str| {
-        let out = threadwise()
-            .args(["topo", "--synthetic", desc])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let view = |desc: &str| super::stdout_ok(threadwise().args(["topo", "--synthetic", desc]));
     insta::assert_snapshot!(
         "topo_dgx",
         view("package:2 numa:4 l3:4 core:4 pu:2 gpu-nodes:3,3,1,1,7,7,5,5 nic:4 mem:64G")

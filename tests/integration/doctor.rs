@@ -121,20 +121,7 @@ fn this_machine_a_wrong_environment_and_a_fake_python() {
 #[test]
 fn dumps_of_real_machines() {
     let tmp = super::scratch();
-    let root = |name: &str| {
-        let r = tmp.path().join(name);
-        std::fs::create_dir_all(&r).unwrap();
-        let ok = Command::new("tar")
-            .arg("xzf")
-            .arg(super::topologies(&format!("linux/{name}.tar.gz")))
-            .arg("-C")
-            .arg(&r)
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok);
-        r
-    };
+    let root = |name: &str| super::extract_dump(tmp.path(), name);
     let (_, v) = doctor(
         &[
             "--no-python",

@@ -38,3 +38,29 @@ pub fn scratch() -> tempfile::TempDir {
     }
     tempfile::tempdir().unwrap()
 }
+
+/// Unpack the dump `name` from tests/data/topologies/linux into `dir/NAME`.
+pub fn extract_dump(dir: &std::path::Path, name: &str) -> PathBuf {
+    let root = dir.join(name);
+    std::fs::create_dir_all(&root).unwrap();
+    let status = std::process::Command::new("tar")
+        .arg("xzf")
+        .arg(topologies(&format!("linux/{name}.tar.gz")))
+        .arg("-C")
+        .arg(&root)
+        .status()
+        .unwrap();
+    assert!(status.success(), "cannot extract {name}");
+    root
+}
+
+/// Run a command that must succeed; its stdout.
+pub fn stdout_ok(cmd: &mut assert_cmd::Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}

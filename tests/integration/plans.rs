@@ -119,17 +119,7 @@ fn two_socket_cpu_only() {
 #[test]
 fn placement_pictures() {
     let pic = |args: &[&str]| {
-        let out = super::threadwise()
-            .args(["plan", "--picture"])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        super::stdout_ok(super::threadwise().args(["plan", "--picture"]).args(args))
     };
     insta::assert_snapshot!("picture_dgx_a100", pic(&["--synthetic", DGX]));
     insta::assert_snapshot!(
@@ -144,20 +134,7 @@ fn placement_pictures() {
         pic(&["-n", "2", "--synthetic", "core:2"])
     );
     let tmp = super::scratch();
-    let root = tmp.path().join("hybrid");
-    std::fs::create_dir_all(&root).unwrap();
-    assert!(
-        std::process::Command::new("tar")
-            .arg("xzf")
-            .arg(super::topologies(
-                "linux/20em64t-hybrid-1p6c2t+2ca4co1t.tar.gz"
-            ))
-            .arg("-C")
-            .arg(&root)
-            .status()
-            .unwrap()
-            .success()
-    );
+    let root = super::extract_dump(tmp.path(), "20em64t-hybrid-1p6c2t+2ca4co1t");
     let hybrid = pic(&["-n", "2", "--root", root.to_str().unwrap()]);
     // The first line names the scratch directory: leave it out.
     let body: String = hybrid.lines().skip(1).map(|l| format!("{l}\n")).collect();

@@ -197,21 +197,6 @@ fn compare(machine: &str, got: &Value, exp: &Value) -> Vec<String> {
     bad
 }
 
-/// Unpack a dump from tests/data/topologies/linux into `dir/NAME`.
-fn extract(dir: &Path, name: &str) -> std::path::PathBuf {
-    let root = dir.join(name);
-    std::fs::create_dir_all(&root).unwrap();
-    let status = std::process::Command::new("tar")
-        .arg("xzf")
-        .arg(topologies(&format!("linux/{name}.tar.gz")))
-        .arg("-C")
-        .arg(&root)
-        .status()
-        .unwrap();
-    assert!(status.success(), "cannot extract {name}");
-    root
-}
-
 fn topo_json(args: &[&str]) -> Value {
     let out = threadwise()
         .arg("topo")
@@ -250,7 +235,7 @@ fn every_linux_dump_matches_hwloc() {
     let tmp = super::scratch();
     let mut failures = vec![];
     for name in &names {
-        let root = extract(tmp.path(), name);
+        let root = super::extract_dump(tmp.path(), name);
         // The human view must not panic either.
         threadwise()
             .args(["topo", "--root"])
@@ -292,7 +277,7 @@ fn every_xml_export_matches_hwloc() {
 fn dump_details_beyond_hwloc() {
     let tmp = super::scratch();
     let extract = |name: &str| {
-        let root = extract(tmp.path(), name);
+        let root = super::extract_dump(tmp.path(), name);
         topo_json(&["--root", root.to_str().unwrap()])
     };
     let hybrid = extract("20em64t-hybrid-1p6c2t+2ca4co1t");

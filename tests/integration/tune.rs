@@ -92,10 +92,10 @@ fn builtin_workload_report_is_complete_and_consistent() {
         assert!(names.contains(&want), "{names:?}");
     }
     for c in r["configs"].as_array().unwrap() {
-        // Two each; the winner more when a combination of the plan's best
-        // axis values joined late and ran beside it.
+        // Two each; a late combination of the plan's best axis values gets
+        // its two beside the winner of the moment, which so gets more.
         let n = c["trials"].as_array().unwrap().len();
-        assert!(n == 2 || (n > 2 && r["winner"] == c["name"]), "{}: {n}", c["name"]);
+        assert!(n >= 2, "{}: {n}", c["name"]);
         assert!(
             c["trials"]
                 .as_array()
