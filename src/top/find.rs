@@ -32,9 +32,12 @@ fn uid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// Where state files go: `$XDG_RUNTIME_DIR/threadwise`, else `/tmp/threadwise-UID`.
+/// Where state files go: `$XDG_RUNTIME_DIR/threadwise` when that directory
+/// exists, else `/tmp/threadwise-UID`.
 pub fn state_dir() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| Path::new(d).is_absolute()) {
+    match std::env::var_os("XDG_RUNTIME_DIR")
+        .filter(|d| Path::new(d).is_absolute() && Path::new(d).is_dir())
+    {
         Some(d) => Path::new(&d).join("threadwise"),
         None => PathBuf::from(format!("/tmp/threadwise-{}", uid())),
     }

@@ -59,6 +59,7 @@ fn wait_for_run(pid: u32) -> Value {
         let f = std::path::PathBuf::from(format!("/tmp/threadwise-0/run-{pid}.json"));
         let xdg = std::env::var("XDG_RUNTIME_DIR")
             .map(|d| std::path::PathBuf::from(d).join(format!("threadwise/run-{pid}.json")));
+        // (run falls back to /tmp when XDG_RUNTIME_DIR is no directory.)
         for f in [Some(f), xdg.ok()].into_iter().flatten() {
             if let Ok(s) = std::fs::read_to_string(&f) {
                 return serde_json::from_str(&s).unwrap();
