@@ -32,18 +32,23 @@ impl ReportExporter for Markdown {
                     .map_or("-".into(), |s| format!("{:.1}-{:.1}", s.min, s.max)),
             ));
         }
-        let from = report::read_from(r);
-        if !from.is_empty() {
-            out.push('\n');
-            for l in from.lines() {
-                let l = l.trim_start();
-                match l.split_once(": ") {
-                    Some((name, rest)) if !l.starts_with("throughput read from") => {
-                        out.push_str(&format!("- {}: `{}`\n", cell(name), rest.replace('`', "'")))
-                    }
-                    _ => out.push_str(&format!("{l}\n")),
-                }
-            }
+        let read: Vec<String> = r
+            .configs
+            .iter()
+            .filter_map(|c| {
+                let h = c.read_from.as_ref()?;
+                Some(format!(
+                    "- {}: `[rank {}] {}` ({})\n",
+                    cell(&c.name),
+                    h.rank,
+                    h.line.replace('`', "'"),
+                    h.unit.as_deref().unwrap_or("--metric")
+                ))
+            })
+            .collect();
+        if !read.is_empty() {
+            out.push_str("\nthroughput read from (last scored trial):\n");
+            out.push_str(&read.concat());
         }
         Ok(out)
     }
