@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::export::PlanFormat;
 use crate::plan::{
-    AllocatorChoice, Amount, GpuSelect, MemPolicy, NProc, Policy, Profile, WaitPolicy,
+    AllocatorChoice, Amount, GpuSelect, MemPolicy, NProc, Policy, Profile, Reserve, WaitPolicy,
 };
 use crate::tune::Strategy;
 use crate::workload;
@@ -155,6 +155,9 @@ pub struct PlanArgs {
     /// How idle OpenMP threads wait: OMP_WAIT_POLICY, GOMP_SPINCOUNT, KMP_BLOCKTIME
     #[arg(long, value_enum, default_value_t = WaitPolicy::Default)]
     pub omp_wait: WaitPolicy,
+    /// Keep cores for the OS, IRQs and the launcher: N per NUMA node, or cpus:LIST
+    #[arg(long, value_name = "N|cpus:LIST", default_value = "none", value_parser = parse_reserve)]
+    pub reserve: Reserve,
 }
 
 #[derive(Args, Debug)]
@@ -218,6 +221,9 @@ fn parse_timeout(s: &str) -> Result<Duration, String> {
 }
 fn parse_work_seconds(s: &str) -> Result<Duration, String> {
     secs(s, 0.01, 3600.0)
+}
+fn parse_reserve(s: &str) -> Result<Reserve, String> {
+    s.parse()
 }
 fn parse_gpus(s: &str) -> Result<GpuSelect, String> {
     if s.trim().is_empty() {

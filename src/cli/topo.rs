@@ -93,6 +93,7 @@ pub fn request(a: &PlanArgs) -> PlanRequest {
         oversubscribe: a.oversubscribe,
         omp_bind: a.omp_bind,
         omp_wait: a.omp_wait,
+        reserve: a.reserve.clone(),
     }
 }
 
@@ -153,7 +154,7 @@ mod tests {
     use super::*;
     use crate::cli::{Cli, Command};
     use crate::export::request_args;
-    use crate::plan::{Amount, GpuSelect, MemPolicy, NProc, Policy, Profile, WaitPolicy};
+    use crate::plan::{Amount, GpuSelect, MemPolicy, NProc, Policy, Profile, Reserve, WaitPolicy};
 
     fn reparse(args: &[String]) -> PlanRequest {
         let argv = ["threadwise", "bind"]
@@ -189,6 +190,13 @@ mod tests {
             ),
             (amount.clone(), amount),
             (any::<[bool; 4]>(), 1usize..8),
+            prop_oneof![
+                Just(Reserve::None),
+                (1usize..4).prop_map(Reserve::PerNode),
+                Just(Reserve::Cpus(
+                    crate::cpuset::CpuSet::parse_list("0,2-3").unwrap()
+                ))
+            ],
         )
             .prop_map(
                 |(
@@ -200,6 +208,7 @@ mod tests {
                     (profile, omp_wait),
                     (threads, workers),
                     (b, nnodes),
+                    reserve,
                 )| {
                     PlanRequest {
                         nproc,
@@ -216,6 +225,7 @@ mod tests {
                         oversubscribe: b[2],
                         omp_bind: b[3],
                         omp_wait,
+                        reserve,
                     }
                 },
             )

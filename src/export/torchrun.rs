@@ -3,7 +3,7 @@
 
 use super::{Context, ExportError, Exporter, quote_all};
 use crate::plan::{
-    Amount, GpuSelect, MemPolicy, NProc, Plan, PlanRequest, Policy, Profile, WaitPolicy,
+    Amount, GpuSelect, MemPolicy, NProc, Plan, PlanRequest, Policy, Profile, Reserve, WaitPolicy,
 };
 
 /// The plan options that reproduce a request (defaults left out).
@@ -43,6 +43,9 @@ pub fn request_args(req: &PlanRequest) -> Vec<String> {
     }
     if req.omp_wait != WaitPolicy::Default {
         opt("omp-wait", req.omp_wait.to_string());
+    }
+    if req.reserve != Reserve::None {
+        opt("reserve", req.reserve.to_string());
     }
     for (flag, on) in [
         ("--smt", req.smt),

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 pub use env::{THREAD_VARS, find_allocators};
 pub use request::{
     Allocator, AllocatorChoice, AllocatorKind, Amount, GpuSelect, MemPolicy, NProc, PlanRequest,
-    Policy, Profile, WaitPolicy,
+    Policy, Profile, Reserve, WaitPolicy,
 };
 
 use crate::cpuset::CpuSet;
@@ -38,6 +38,8 @@ pub struct Facts {
 pub enum PlanError {
     #[error("no CPU is allowed for this process (allowed set is empty)")]
     EmptyAllowed,
+    #[error("--reserve {reserve} keeps every allowed CPU ({cpus}): nothing is left for the ranks")]
+    ReservedAll { reserve: String, cpus: String },
     #[error("--nproc-per-node must be at least 1")]
     ZeroRanks,
     #[error("{ranks} ranks need {ranks} {unit}s but only {have} are allowed ({cpus})")]
@@ -68,6 +70,7 @@ impl PlanError {
             PlanError::EmptyAllowed => {
                 "check the cgroup cpuset and the affinity mask (threadwise topo)"
             }
+            PlanError::ReservedAll { .. } => "reserve fewer cores (--reserve 1) or none",
             PlanError::ZeroRanks => "give -n N with N >= 1, or -n auto",
             PlanError::TooFewCpus { .. } => {
                 "run fewer ranks, use --smt to count SMT siblings, or --oversubscribe to share cores"
@@ -256,13 +259,71 @@ fn rank_count(
 }
 
 /// Plan the local ranks of one node.
+/// The CPUs `--reserve` keeps out: the first N allowed cores of each node, or a list.
+fn reserved(topo: &Topology, r: &Reserve) -> CpuSet {
+    match r {
+        Reserve::None => CpuSet::new(),
+        Reserve::Cpus(c) => c.intersection(&topo.allowed_cpus),
+        Reserve::PerNode(n) => {
+            let mut out = CpuSet::new();
+            for node in &topo.numa_nodes {
+                let mut cores: Vec<CpuSet> = topo
+                    .cores
+                    .iter()
+                    .map(|c| {
+                        c.cpus
+                            .intersection(&topo.allowed_cpus)
+                            .intersection(&node.cpus)
+                    })
+                    .filter(|c| !c.is_empty())
+                    .collect();
+                cores.sort_by_key(|c| c.first());
+                for c in cores.iter().take(*n) {
+                    out = out.union(c);
+                }
+            }
+            out
+        }
+    }
+}
+
 pub fn plan(topo: &Topology, req: &PlanRequest, facts: &Facts) -> Result<Plan, PlanError> {
+    // --reserve: plan on what is left, and say what was kept out.
+    let kept = reserved(topo, &req.reserve);
+    let narrowed;
+    let topo = if kept.is_empty() {
+        topo
+    } else {
+        let mut t = topo.clone();
+        t.allowed_cpus = t.allowed_cpus.difference(&kept);
+        t.cpu_budget = t.cpu_budget.min(t.allowed_cpus.len() as f64);
+        narrowed = t;
+        &narrowed
+    };
     if topo.allowed_cpus.is_empty() {
-        return Err(PlanError::EmptyAllowed);
+        return Err(if kept.is_empty() {
+            PlanError::EmptyAllowed
+        } else {
+            PlanError::ReservedAll {
+                reserve: req.reserve.to_string(),
+                cpus: kept.to_string(),
+            }
+        });
     }
     let selected = select_gpus(topo, req)?;
     let (n, why_n) = rank_count(topo, req, selected.len())?;
     let mut reasons = vec![why_n];
+    if !kept.is_empty() {
+        reasons.push(format!(
+            "--reserve {}: CPUs {kept} are kept for the OS, IRQs and the launcher; {}",
+            req.reserve,
+            if req.policy == Policy::None {
+                "policy none binds nothing, so only the thread budget shrinks"
+            } else {
+                "no rank is bound to them"
+            }
+        ));
+    }
     // Rank i drives the i-th selected GPU (cuda:LOCAL_RANK), shared round-robin
     // only when --oversubscribe asked for more ranks than GPUs.
     let rank_gpus: Vec<Option<&PciDevice>> = (0..n)

@@ -23,6 +23,18 @@ pub enum Amount {
     Fixed(usize),
 }
 
+/// CPUs kept out of the plan for the OS, IRQs and the launcher.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub enum Reserve {
+    #[default]
+    None,
+    /// The first N allowed physical cores of every NUMA node.
+    PerNode(usize),
+    /// These CPUs.
+    Cpus(crate::cpuset::CpuSet),
+}
+
 /// Which GPUs ranks use: all visible, none, or a list of visible ordinals.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(into = "String", try_from = "String")]
@@ -140,6 +152,9 @@ pub struct PlanRequest {
     /// How idle OpenMP threads wait.
     #[serde(default)]
     pub omp_wait: WaitPolicy,
+    /// Cores kept for the OS, IRQs and the launcher.
+    #[serde(default)]
+    pub reserve: Reserve,
 }
 
 impl Default for PlanRequest {
@@ -159,6 +174,7 @@ impl Default for PlanRequest {
             oversubscribe: false,
             omp_bind: false,
             omp_wait: WaitPolicy::Default,
+            reserve: Reserve::None,
         }
     }
 }
@@ -265,6 +281,43 @@ impl Amount {
     }
 }
 
+impl fmt::Display for Reserve {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reserve::None => f.write_str("none"),
+            Reserve::PerNode(n) => write!(f, "{n}"),
+            Reserve::Cpus(c) => write!(f, "cpus:{c}"),
+        }
+    }
+}
+
+impl FromStr for Reserve {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "{s:?}: expected none, a number of cores per NUMA node, or cpus:LIST like cpus:0,64"
+            )
+        };
+        match s {
+            "none" | "0" => Ok(Reserve::None),
+            _ => match s.strip_prefix("cpus:") {
+                Some(list) => crate::cpuset::CpuSet::parse_list(list)
+                    .ok()
+                    .filter(|c| !c.is_empty())
+                    .map(Reserve::Cpus)
+                    .ok_or_else(bad),
+                None => s
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| *n <= MAX_AMOUNT)
+                    .map(Reserve::PerNode)
+                    .ok_or_else(bad),
+            },
+        }
+    }
+}
+
 macro_rules! string_conversions {
     ($($t:ty),*) => {$(
         impl From<$t> for String {
@@ -280,7 +333,7 @@ macro_rules! string_conversions {
         }
     )*};
 }
-string_conversions!(NProc, Amount, GpuSelect);
+string_conversions!(NProc, Amount, GpuSelect, Reserve);
 
 #[cfg(test)]
 mod tests {
@@ -298,6 +351,11 @@ mod tests {
         );
         assert!("0,0".parse::<GpuSelect>().is_err());
         assert!("x".parse::<Amount>().is_err());
+        for s in ["none", "2", "cpus:0,64-65"] {
+            assert_eq!(s.parse::<Reserve>().unwrap().to_string(), s);
+        }
+        assert!("cpus:".parse::<Reserve>().is_err());
+        assert!("lots".parse::<Reserve>().is_err());
         fn names<T: Copy + fmt::Display + FromStr + Serialize + PartialEq + fmt::Debug>(all: &[T])
         where
             T::Err: fmt::Debug,

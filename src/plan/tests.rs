@@ -344,3 +344,52 @@ mod plan_files {
         }
     }
 }
+
+#[test]
+fn reserve_keeps_cores_out_of_every_rank() {
+    let dgx = crate::topology::synthetic::parse(
+        "package:2 numa:4 l3:4 core:4 pu:2 gpu-nodes:3,3,1,1,7,7,5,5",
+    )
+    .unwrap();
+    let r = PlanRequest {
+        reserve: Reserve::PerNode(1),
+        ..Default::default()
+    };
+    let p = plan(&dgx, &r, &Facts::default()).unwrap();
+    // The first core of each of the 8 nodes, with its sibling: 16 CPUs.
+    let kept = reserved(&dgx, &r.reserve);
+    assert_eq!(kept.len(), 16, "{kept}");
+    for rank in &p.ranks {
+        assert!(
+            !rank.cpus.intersects(&kept),
+            "rank {} has {}",
+            rank.local_rank,
+            rank.cpus
+        );
+        assert!(!rank.worker_cpus.intersects(&kept));
+    }
+    assert!(
+        p.reasons.iter().any(|x| x.contains("--reserve 1")),
+        "{:?}",
+        p.reasons
+    );
+    let small = crate::topology::synthetic::parse("core:4").unwrap();
+    let list = PlanRequest {
+        reserve: Reserve::Cpus(CpuSet::parse_list("0").unwrap()),
+        ..req(1)
+    };
+    assert_eq!(
+        plan(&small, &list, &Facts::default()).unwrap().ranks[0]
+            .cpus
+            .to_string(),
+        "1-3"
+    );
+    let all = PlanRequest {
+        reserve: Reserve::PerNode(4),
+        ..req(1)
+    };
+    assert!(matches!(
+        plan(&small, &all, &Facts::default()),
+        Err(PlanError::ReservedAll { .. })
+    ));
+}

@@ -51,6 +51,16 @@ fn impossible_requests_name_what_is_short() {
         &["at most 8192"],
     );
     fails(&with(&s, &["--gpus", ""]), 2, &["an empty list"]);
+    fails(
+        &with(&s, &["--reserve", "lots"]),
+        2,
+        &["expected none, a number"],
+    );
+    fails(
+        &with(&s, &["--reserve", "4"]),
+        2,
+        &["keeps every allowed CPU (0-7)", "hint: reserve fewer"],
+    );
     // Files that are not topologies: refused at once, never read forever.
     fails(
         &["topo", "--topology", "/dev/zero"],
@@ -363,4 +373,38 @@ fn planted_allocators_are_not_preloaded() {
             assert!(reasons.contains("not preloaded"), "{var}: {reasons}");
         }
     }
+}
+
+#[test]
+fn reserve_narrows_what_ranks_get() {
+    let out = super::stdout_ok(threadwise().args([
+        "plan",
+        "-n",
+        "2",
+        "--reserve",
+        "cpus:0",
+        "--synthetic",
+        "core:5",
+        "--json",
+    ]));
+    let p: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(p["ranks"][0]["cpus"], "1-2");
+    assert_eq!(p["ranks"][1]["cpus"], "3-4");
+    assert_eq!(p["request"]["reserve"], "cpus:0");
+    // bind under torchrun re-plans from the same options.
+    let line = super::stdout_ok(threadwise().args([
+        "plan",
+        "-n",
+        "2",
+        "--reserve",
+        "1",
+        "--synthetic",
+        "core:5",
+        "--format",
+        "torchrun",
+        "--",
+        "python",
+        "t.py",
+    ]));
+    assert!(line.contains("--reserve 1"), "{line}");
 }
