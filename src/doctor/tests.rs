@@ -52,6 +52,14 @@ fn elf_so() -> Vec<u8> {
     h
 }
 
+/// A fixture: one file with this text, on a 4-core machine, one rank.
+fn on_file(
+    path: &'static str,
+    text: &'static str,
+) -> Box<dyn Fn() -> (FakeSys, Topology, Request)> {
+    Box::new(move || (base().file(path, text), topo("core:4"), n(1)))
+}
+
 fn cases() -> Vec<Case> {
     let c4 = || topo("core:4");
     vec![
@@ -191,21 +199,9 @@ fn cases() -> Vec<Case> {
         ),
         (
             "memory.zone-reclaim",
-            Box::new(|| {
-                (
-                    base().file("/proc/sys/vm/zone_reclaim_mode", "1\n"),
-                    topo("core:4"),
-                    n(1),
-                )
-            }),
+            on_file("/proc/sys/vm/zone_reclaim_mode", "1\n"),
             Severity::Warn,
-            Box::new(|| {
-                (
-                    base().file("/proc/sys/vm/zone_reclaim_mode", "0\n"),
-                    topo("core:4"),
-                    n(1),
-                )
-            }),
+            on_file("/proc/sys/vm/zone_reclaim_mode", "0\n"),
         ),
         (
             "memory.thp",
@@ -233,21 +229,9 @@ fn cases() -> Vec<Case> {
         ),
         (
             "memory.swappiness",
-            Box::new(|| {
-                (
-                    base().file("/proc/sys/vm/swappiness", "60\n"),
-                    topo("core:4"),
-                    n(1),
-                )
-            }),
+            on_file("/proc/sys/vm/swappiness", "60\n"),
             Severity::Info,
-            Box::new(|| {
-                (
-                    base().file("/proc/sys/vm/swappiness", "10\n"),
-                    topo("core:4"),
-                    n(1),
-                )
-            }),
+            on_file("/proc/sys/vm/swappiness", "10\n"),
         ),
         (
             "memory.swap-used",
@@ -262,13 +246,7 @@ fn cases() -> Vec<Case> {
                 )
             }),
             Severity::Warn,
-            Box::new(|| {
-                (
-                    base().file("/proc/meminfo", "SwapTotal: 2048 kB\nSwapFree: 2048 kB\n"),
-                    topo("core:4"),
-                    n(1),
-                )
-            }),
+            on_file("/proc/meminfo", "SwapTotal: 2048 kB\nSwapFree: 2048 kB\n"),
         ),
         (
             "cpu.governor",
@@ -306,57 +284,21 @@ fn cases() -> Vec<Case> {
         ),
         (
             "cpu.isolated",
-            Box::new(|| {
-                (
-                    base().file("/sys/devices/system/cpu/isolated", "2-3\n"),
-                    topo("core:4"),
-                    n(1),
-                )
-            }),
+            on_file("/sys/devices/system/cpu/isolated", "2-3\n"),
             Severity::Warn,
-            Box::new(|| {
-                (
-                    base().file("/sys/devices/system/cpu/isolated", "\n"),
-                    topo("core:4"),
-                    n(1),
-                )
-            }),
+            on_file("/sys/devices/system/cpu/isolated", "\n"),
         ),
         (
             "cpu.nohz-full",
-            Box::new(|| {
-                (
-                    base().file("/sys/devices/system/cpu/nohz_full", "1-3\n"),
-                    topo("core:4"),
-                    n(1),
-                )
-            }),
+            on_file("/sys/devices/system/cpu/nohz_full", "1-3\n"),
             Severity::Info,
-            Box::new(|| {
-                (
-                    base().file("/sys/devices/system/cpu/nohz_full", "(null)\n"),
-                    topo("core:4"),
-                    n(1),
-                )
-            }),
+            on_file("/sys/devices/system/cpu/nohz_full", "(null)\n"),
         ),
         (
             "network.somaxconn",
-            Box::new(|| {
-                (
-                    base().file("/proc/sys/net/core/somaxconn", "128\n"),
-                    topo("core:4"),
-                    n(1),
-                )
-            }),
+            on_file("/proc/sys/net/core/somaxconn", "128\n"),
             Severity::Info,
-            Box::new(|| {
-                (
-                    base().file("/proc/sys/net/core/somaxconn", "4096\n"),
-                    topo("core:4"),
-                    n(1),
-                )
-            }),
+            on_file("/proc/sys/net/core/somaxconn", "4096\n"),
         ),
         (
             "network.rdzv",
