@@ -137,7 +137,7 @@ fn notes(r: &TuneReport) -> String {
 }
 
 /// Which line each configuration's throughput was read from.
-pub(crate) fn read_from(r: &TuneReport) -> String {
+fn read_from(r: &TuneReport) -> String {
     let hits: Vec<String> = r
         .configs
         .iter()

@@ -62,12 +62,7 @@ fn topo_inside(procs: &[PathBuf]) -> Value {
         .arg(bin)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    serde_json::from_str(&super::stdout_ok(out)).unwrap()
 }
 
 fn online() -> usize {

@@ -263,7 +263,14 @@ fn topo_human_view_of_this_machine() {
 /// cpuset and quota, and a hybrid CPU with an idle core outside the cpuset.
 #[test]
 fn topo_human_view_snapshots() {
-    let view = |desc: &str| super::stdout_ok(threadwise().args(["topo", "--synthetic", desc]));
+    let view = |desc: &str| {
+        super::stdout_ok(
+            threadwise()
+                .args(["topo", "--synthetic", desc])
+                .output()
+                .unwrap(),
+        )
+    };
     insta::assert_snapshot!(
         "topo_dgx",
         view("package:2 numa:4 l3:4 core:4 pu:2 gpu-nodes:3,3,1,1,7,7,5,5 nic:4 mem:64G")
@@ -353,12 +360,7 @@ fn planted_allocators_are_not_preloaded() {
             .env(var, &value)
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let p: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let p: serde_json::Value = serde_json::from_str(&super::stdout_ok(out)).unwrap();
         let pre = p["ranks"][0]["env"]["LD_PRELOAD"]
             .as_str()
             .unwrap()
@@ -377,34 +379,44 @@ fn planted_allocators_are_not_preloaded() {
 
 #[test]
 fn reserve_narrows_what_ranks_get() {
-    let out = super::stdout_ok(threadwise().args([
-        "plan",
-        "-n",
-        "2",
-        "--reserve",
-        "cpus:0",
-        "--synthetic",
-        "core:5",
-        "--json",
-    ]));
+    let out = super::stdout_ok(
+        threadwise()
+            .args([
+                "plan",
+                "-n",
+                "2",
+                "--reserve",
+                "cpus:0",
+                "--synthetic",
+                "core:5",
+                "--json",
+            ])
+            .output()
+            .unwrap(),
+    );
     let p: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(p["ranks"][0]["cpus"], "1-2");
     assert_eq!(p["ranks"][1]["cpus"], "3-4");
     assert_eq!(p["request"]["reserve"], "cpus:0");
     // bind under torchrun re-plans from the same options.
-    let line = super::stdout_ok(threadwise().args([
-        "plan",
-        "-n",
-        "2",
-        "--reserve",
-        "1",
-        "--synthetic",
-        "core:5",
-        "--format",
-        "torchrun",
-        "--",
-        "python",
-        "t.py",
-    ]));
+    let line = super::stdout_ok(
+        threadwise()
+            .args([
+                "plan",
+                "-n",
+                "2",
+                "--reserve",
+                "1",
+                "--synthetic",
+                "core:5",
+                "--format",
+                "torchrun",
+                "--",
+                "python",
+                "t.py",
+            ])
+            .output()
+            .unwrap(),
+    );
     assert!(line.contains("--reserve 1"), "{line}");
 }

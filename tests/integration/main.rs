@@ -54,9 +54,8 @@ pub fn extract_dump(dir: &std::path::Path, name: &str) -> PathBuf {
     root
 }
 
-/// Run a command that must succeed; its stdout.
-pub fn stdout_ok(cmd: &mut assert_cmd::Command) -> String {
-    let out = cmd.output().unwrap();
+/// The stdout of a command that must have succeeded (its stderr otherwise).
+pub fn stdout_ok(out: std::process::Output) -> String {
     assert!(
         out.status.success(),
         "{}",

@@ -119,7 +119,13 @@ fn two_socket_cpu_only() {
 #[test]
 fn placement_pictures() {
     let pic = |args: &[&str]| {
-        super::stdout_ok(super::threadwise().args(["plan", "--picture"]).args(args))
+        super::stdout_ok(
+            super::threadwise()
+                .args(["plan", "--picture"])
+                .args(args)
+                .output()
+                .unwrap(),
+        )
     };
     insta::assert_snapshot!("picture_dgx_a100", pic(&["--synthetic", DGX]));
     insta::assert_snapshot!(

@@ -72,12 +72,7 @@ fn printed_srun_line_runs_under_real_srun() {
         .arg("echo $SLURM_LOCALID $MALLOC_CONF $(grep Cpus_allowed_list /proc/self/status | cut -f2)")
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = super::stdout_ok(out);
     let words = shell_words::split(text.lines().next().unwrap()).unwrap();
     assert_eq!(words[0], "srun");
     let args: Vec<&str> = words[1..].iter().map(String::as_str).collect();
