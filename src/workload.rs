@@ -9,10 +9,23 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 /// The workload's size limits, shared by its own options and `tune --work-*`.
-pub const MAX_SIZE: u64 = 8192;
+pub const MAX_SIZE: u64 = 1024;
 pub const MAX_BATCH: u64 = 4096;
-pub const MAX_LAYERS: u64 = 10_000;
+pub const MAX_LAYERS: u64 = 64;
 pub const MAX_LOADER_WORK: u64 = 1_000_000;
+pub const MAX_WORKERS: u64 = 64;
+/// The most activation memory a rank may hold (checked before it starts).
+pub const MAX_BYTES: u64 = 4 << 30;
+
+/// An upper bound on one rank's activation bytes: the first stage's image
+/// (16 channels, NHWC f32) kept twice (input and output) per layer.
+pub fn activation_bytes(size: usize, batch: usize, layers: usize) -> u64 {
+    (size as u64)
+        .saturating_mul(size as u64)
+        .saturating_mul(batch as u64)
+        .saturating_mul(16 * 4 * 2)
+        .saturating_mul(layers as u64)
+}
 
 /// One rank's place in the job, from the torchrun variables.
 #[derive(Debug, Clone)]

@@ -1,43 +1,95 @@
 //! The built-in training-like workload that `threadwise tune` runs when no
-//! command is given: N ranks (started by `threadwise run`), each step a series
-//! of OpenMP parallel regions (the real GNU OpenMP runtime, honouring
-//! OMP_NUM_THREADS, OMP_PROC_BIND, OMP_WAIT_POLICY) then an all-reduce across
-//! ranks over TCP, like DDP; rank 0 prints `throughput: N samples/s`.
+//! command is given: a small model of one DDP training step per iteration.
+//!
+//! - Compute: a small CNN (`--layers` 3x3 convolutions in four stages that halve
+//!   the image and double the channels, each with batch-norm and ReLU), forward
+//!   and backward, every layer an OpenMP parallel region of milliseconds on the
+//!   real GNU OpenMP runtime (OMP_NUM_THREADS, OMP_PROC_BIND, OMP_WAIT_POLICY).
+//!   Activations are allocated per step, as PyTorch's CPU allocator does, so
+//!   the malloc in use matters.
+//! - Communication: each layer's weight gradient goes into a bucket as backward
+//!   reaches it; full buckets are all-reduced over TCP by a communication thread
+//!   while backward continues (DDP's overlap, gloo's own thread), then the
+//!   optimizer updates the weights.
+//! - Data: worker processes (THREADWISE_NUM_WORKERS of them, else `--workers`,
+//!   default 2, like the example's DataLoader) make each sample with CPU work
+//!   (decode-like passes, a 2x downscale, a flip) and hand whole batches to the
+//!   rank over a pipe, two batches ahead per worker; with 0 workers the rank
+//!   makes its batches itself between steps.
+//!
+//! Rank 0 prints `throughput: N samples/s` over the steps after `--warmup`.
 
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use threadwise::workload::{Group, MAX_BATCH, MAX_LAYERS, MAX_LOADER_WORK, MAX_SIZE, Peer};
+use threadwise::workload::{
+    Group, MAX_BATCH, MAX_BYTES, MAX_LAYERS, MAX_LOADER_WORK, MAX_SIZE, MAX_WORKERS, Peer,
+};
 
 unsafe extern "C" {
-    fn tw_forward(w: *const f32, x: *mut f32, y: *mut f32, n: i32, batch: i32, regions: i32)
-    -> f64;
-    fn tw_fill(g: *mut f32, len: i64, v: f32);
+    fn tw_conv3x3(
+        input: *const f32,
+        w: *const f32,
+        out: *mut f32,
+        batch: i32,
+        s: i32,
+        cin: i32,
+        cout: i32,
+    );
+    fn tw_conv3x3_gradw(
+        input: *const f32,
+        gout: *const f32,
+        gw: *mut f32,
+        batch: i32,
+        s: i32,
+        cin: i32,
+        cout: i32,
+    );
+    fn tw_flip(w: *const f32, wt: *mut f32, cin: i32, cout: i32);
+    fn tw_bn_stats(x: *const f32, pixels: i64, c: i32, mean: *mut f32, inv_std: *mut f32);
+    fn tw_bn_apply(x: *mut f32, pixels: i64, c: i32, mean: *const f32, inv_std: *const f32);
+    fn tw_relu(x: *const f32, out: *mut f32, n: i64);
+    fn tw_add(x: *const f32, y: *const f32, out: *mut f32, n: i64);
+    fn tw_relu_back(act: *const f32, g: *mut f32, n: i64);
+    fn tw_bn_back(xhat: *const f32, g: *mut f32, pixels: i64, c: i32, inv_std: *const f32);
+    fn tw_pool2(input: *const f32, out: *mut f32, batch: i32, s: i32, c: i32);
+    fn tw_pool2_back(gout: *const f32, gin: *mut f32, batch: i32, s: i32, c: i32);
+    fn tw_sgd(w: *mut f32, mom: *mut f32, g: *const f32, n: i64, lr: f32);
     fn tw_max_threads() -> i32;
 }
+
+/// Channels of the first stage; each later stage doubles them.
+const BASE_CHANNELS: usize = 16;
+/// Input channels (RGB).
+const IN_CHANNELS: usize = 3;
 
 struct Args {
     seconds: f64,
     size: usize,
     batch: usize,
     layers: usize,
-    grad_kib: usize,
+    bucket_kib: usize,
     warmup: usize,
     loader_work: usize,
+    workers: Option<usize>,
 }
 
-const USAGE: &str = "threadwise-workload [--seconds 2] [--size 192] [--batch 8] [--layers 8] [--grad-kib 256] [--warmup 3] [--loader-work 0]";
+const USAGE: &str = "threadwise-workload [--seconds 1.5] [--size 16] [--batch 16] [--layers 8] \
+                     [--bucket-kib 256] [--warmup 2] [--loader-work 40] [--workers N]";
 
-fn parse() -> Result<Args, String> {
+fn parse(argv: &[String]) -> Result<Args, String> {
     let mut a = Args {
-        seconds: 2.0,
-        size: 192,
-        batch: 8,
+        seconds: 1.5,
+        size: 16,
+        batch: 16,
         layers: 8,
-        grad_kib: 256,
-        warmup: 3,
-        loader_work: 0,
+        bucket_kib: 256,
+        warmup: 2,
+        loader_work: 40,
+        workers: None,
     };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut it = argv.iter();
     while let Some(flag) = it.next() {
         if flag == "-h" || flag == "--help" {
@@ -54,9 +106,11 @@ fn parse() -> Result<Args, String> {
             "--size" => a.size = value as usize,
             "--batch" => a.batch = value as usize,
             "--layers" => a.layers = value as usize,
-            "--grad-kib" => a.grad_kib = value as usize,
+            "--bucket-kib" => a.bucket_kib = value as usize,
+            "--grad-kib" => a.bucket_kib = value as usize,
             "--warmup" => a.warmup = value as usize,
             "--loader-work" => a.loader_work = value as usize,
+            "--workers" => a.workers = Some(value as usize),
             other => return Err(format!("unknown option {other:?}; usage: {USAGE}")),
         }
     }
@@ -65,11 +119,25 @@ fn parse() -> Result<Args, String> {
         && within(a.batch, 1, MAX_BATCH)
         && within(a.layers, 1, MAX_LAYERS)
         && within(a.loader_work, 0, MAX_LOADER_WORK)
-        && within(a.grad_kib, 0, 1 << 20))
+        && within(a.bucket_kib, 1, 1 << 20)
+        && a.workers.is_none_or(|w| within(w, 0, MAX_WORKERS)))
     {
         return Err(format!(
             "sizes out of range (1 <= size <= {MAX_SIZE}, 1 <= batch <= {MAX_BATCH}, \
-             1 <= layers <= {MAX_LAYERS}, loader-work <= {MAX_LOADER_WORK}, grad-kib <= 1048576)"
+             1 <= layers <= {MAX_LAYERS}, loader-work <= {MAX_LOADER_WORK}, \
+             1 <= bucket-kib <= 1048576, workers <= {MAX_WORKERS})"
+        ));
+    }
+    let bytes = threadwise::workload::activation_bytes(a.size, a.batch, a.layers);
+    if bytes > MAX_BYTES {
+        return Err(format!(
+            "--size {} --batch {} --layers {} would hold {} MiB of activations per rank \
+             (at most {} MiB): make them smaller",
+            a.size,
+            a.batch,
+            a.layers,
+            bytes >> 20,
+            MAX_BYTES >> 20
         ));
     }
     Ok(a)
@@ -80,89 +148,534 @@ fn fail(code: i32, msg: String) -> ! {
     std::process::exit(code)
 }
 
-fn main() {
-    let a = parse().unwrap_or_else(|e| fail(2, e));
-    let peer = Peer::from_env(&|k| std::env::var(k).ok()).unwrap_or_else(|e| fail(2, e));
-    let (n, b) = (a.size, a.batch);
-    let w: Vec<f32> = (0..n * n)
-        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+/// A small deterministic generator (the data and weights need no quality).
+struct Lcg(u32);
+
+impl Lcg {
+    fn next(&mut self) -> f32 {
+        self.0 = self.0.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        (self.0 >> 8) as f32 / (1u32 << 24) as f32
+    }
+}
+
+/// One sample as a DataLoader worker would make it: a 2x-size image "decoded"
+/// with `work` passes of arithmetic per value, downscaled 2x, flipped when odd.
+/// Written NHWC into `out` (size*size*3 floats).
+fn make_sample(index: u64, size: usize, work: usize, out: &mut [f32]) {
+    let big = 2 * size;
+    let mut rng = Lcg(index as u32 ^ 0x9e37_79b9);
+    let mut img: Vec<f32> = (0..big * big * IN_CHANNELS)
+        .map(|_| {
+            let mut v = rng.next();
+            for _ in 0..work {
+                v = (v * v + 0.1).sqrt();
+            }
+            v
+        })
         .collect();
-    let mut x: Vec<f32> = (0..n * b).map(|i| (i % 13) as f32 / 13.0).collect();
-    let mut y = vec![0f32; n * b];
-    let mut grad = vec![0f32; a.grad_kib * 256];
+    if index % 2 == 1 {
+        for row in img.chunks_exact_mut(big * IN_CHANNELS) {
+            for x in 0..big / 2 {
+                for c in 0..IN_CHANNELS {
+                    row.swap(x * IN_CHANNELS + c, (big - 1 - x) * IN_CHANNELS + c);
+                }
+            }
+        }
+    }
+    let at = |y: usize, x: usize, c: usize| img[(y * big + x) * IN_CHANNELS + c];
+    for y in 0..size {
+        for x in 0..size {
+            for c in 0..IN_CHANNELS {
+                out[(y * size + x) * IN_CHANNELS + c] = 0.25
+                    * (at(2 * y, 2 * x, c)
+                        + at(2 * y, 2 * x + 1, c)
+                        + at(2 * y + 1, 2 * x, c)
+                        + at(2 * y + 1, 2 * x + 1, c));
+            }
+        }
+    }
+}
+
+fn make_batch(index: u64, size: usize, batch: usize, work: usize) -> Vec<f32> {
+    let per = size * size * IN_CHANNELS;
+    let mut v = vec![0f32; per * batch];
+    for (i, s) in v.chunks_exact_mut(per).enumerate() {
+        make_sample(index * batch as u64 + i as u64, size, work, s);
+    }
+    v
+}
+
+/// A worker process's loop: batch numbers in on stdin, batches out on stdout,
+/// until the rank closes the pipe.
+fn loader_worker(argv: &[String]) -> ! {
+    let num = |i: usize| argv.get(i).and_then(|v| v.parse::<usize>().ok());
+    let (Some(size), Some(batch), Some(work)) = (num(0), num(1), num(2)) else {
+        fail(2, "--loader-worker SIZE BATCH WORK".into())
+    };
+    let mut input = BufReader::new(std::io::stdin().lock());
+    let mut output = BufWriter::new(std::io::stdout().lock());
+    let mut b = [0u8; 8];
+    while input.read_exact(&mut b).is_ok() {
+        let data = make_batch(u64::from_le_bytes(b), size, batch, work);
+        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        if output
+            .write_all(&bytes)
+            .and_then(|()| output.flush())
+            .is_err()
+        {
+            break;
+        }
+    }
+    std::process::exit(0)
+}
+
+/// Where batches come from: the rank itself, or worker processes.
+enum Loader {
+    Inline {
+        size: usize,
+        batch: usize,
+        work: usize,
+    },
+    Workers {
+        kids: Vec<(Child, ChildStdin, ChildStdout)>,
+        bytes: usize,
+        prefetch: u64,
+    },
+}
+
+impl Loader {
+    fn start(a: &Args, workers: usize, first: u64, stride: u64) -> Result<Loader, String> {
+        if workers == 0 {
+            return Ok(Loader::Inline {
+                size: a.size,
+                batch: a.batch,
+                work: a.loader_work,
+            });
+        }
+        let me = std::env::current_exe().map_err(|e| format!("own path: {e}"))?;
+        let mut kids = Vec::with_capacity(workers);
+        for _ in 0..workers {
+            let mut child = Command::new(&me)
+                .arg("--loader-worker")
+                .args([a.size, a.batch, a.loader_work].map(|v| v.to_string()))
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("start a data-loader worker: {e}"))?;
+            let (i, o) = (child.stdin.take(), child.stdout.take());
+            kids.push((child, i.expect("piped"), o.expect("piped")));
+        }
+        let mut l = Loader::Workers {
+            kids,
+            bytes: a.size * a.size * IN_CHANNELS * a.batch * 4,
+            prefetch: 2 * workers as u64,
+        };
+        // Two batches ahead per worker, as DataLoader's prefetch_factor=2.
+        for k in 0..2 * workers as u64 {
+            l.request(k, first + k * stride)?;
+        }
+        Ok(l)
+    }
+
+    fn request(&mut self, step: u64, index: u64) -> Result<(), String> {
+        if let Loader::Workers { kids, .. } = self {
+            let n = kids.len() as u64;
+            let w = &mut kids[(step % n) as usize].1;
+            w.write_all(&index.to_le_bytes())
+                .map_err(|e| format!("a data-loader worker is gone: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Batch `step` (global batch number `index`); asks for the one `prefetch` ahead.
+    fn next(&mut self, step: u64, index: u64, stride: u64) -> Result<Vec<f32>, String> {
+        match self {
+            Loader::Inline { size, batch, work } => Ok(make_batch(index, *size, *batch, *work)),
+            Loader::Workers {
+                kids,
+                bytes,
+                prefetch,
+            } => {
+                let (ahead, n) = (*prefetch, kids.len() as u64);
+                let mut raw = vec![0u8; *bytes];
+                kids[(step % n) as usize]
+                    .2
+                    .read_exact(&mut raw)
+                    .map_err(|e| format!("a data-loader worker is gone: {e}"))?;
+                self.request(step + ahead, index + ahead * stride)?;
+                Ok(raw
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect())
+            }
+        }
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        if let Loader::Workers { kids, .. } = self {
+            for (mut child, stdin, stdout) in kids.drain(..) {
+                drop((stdin, stdout));
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// One convolution layer with its batch-norm, and what backward needs of it.
+struct Layer {
+    cin: usize,
+    cout: usize,
+    /// Image side at this layer (after the pooling before it, if any).
+    s: usize,
+    pool_before: bool,
+    /// The second layer of a residual block adds the block's input (the
+    /// previous layer's input) before its ReLU, when the shapes match.
+    residual: bool,
+    w: Vec<f32>,
+    mom: Vec<f32>,
+}
+
+fn model(a: &Args) -> Vec<Layer> {
+    let stages = a.layers.min(4);
+    let mut rng = Lcg(12345);
+    let (mut cin, mut s, mut stage) = (IN_CHANNELS, a.size, 0);
+    (0..a.layers)
+        .map(|l| {
+            let k = l * stages / a.layers;
+            let pool_before = k > stage && s >= 2 && s % 2 == 0;
+            if k > stage {
+                stage = k;
+                if pool_before {
+                    s /= 2;
+                }
+            }
+            let cout = BASE_CHANNELS << stage;
+            let n = 9 * cin * cout;
+            let scale = (3.0 / (9 * cin) as f32).sqrt();
+            let w = (0..n).map(|_| (2.0 * rng.next() - 1.0) * scale).collect();
+            let layer = Layer {
+                cin,
+                cout,
+                s,
+                pool_before,
+                residual: false,
+                w,
+                mom: vec![0.0; n],
+            };
+            cin = cout;
+            layer
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .scan(None::<(usize, usize, bool)>, |prev, mut l| {
+            // Blocks of two layers; the second is residual when the block
+            // keeps its shape (ResNet's identity shortcut).
+            if let Some((pcin, ps, ppool)) = prev.take() {
+                l.residual = !ppool && !l.pool_before && pcin == l.cout && ps == l.s;
+            } else {
+                *prev = Some((l.cin, l.s, l.pool_before));
+            }
+            Some(l)
+        })
+        .collect()
+}
+
+/// A fresh buffer of `n` floats for a kernel's output, allocated per step as
+/// PyTorch's CPU allocator hands out tensors (calloc: large ones are fresh
+/// pages, so the malloc in use matters as it does there).
+fn uninit(n: usize) -> Vec<f32> {
+    vec![0.0; n]
+}
+
+enum Job {
+    Bucket(Vec<f32>),
+    Stop(bool),
+}
+
+/// The communication thread: all-reduces buckets in order, as gloo's does.
+fn comm_thread(
+    mut group: Group,
+    jobs: mpsc::Receiver<Job>,
+    done: mpsc::Sender<Result<(Vec<f32>, bool), String>>,
+) {
+    for job in jobs {
+        let r = match job {
+            Job::Bucket(mut b) => group.all_reduce(&mut b, false).map(|_| (b, false)),
+            Job::Stop(stop) => group.all_reduce(&mut [0.0], stop).map(|s| (vec![], s)),
+        };
+        let failed = r.is_err();
+        if done.send(r).is_err() || failed {
+            return;
+        }
+    }
+}
+
+fn c(n: usize) -> i32 {
+    n as i32
+}
+
+fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().map(String::as_str) == Some("--loader-worker") {
+        loader_worker(&argv[1..]);
+    }
+    let a = parse(&argv).unwrap_or_else(|e| fail(2, e));
+    let peer = Peer::from_env(&|k| std::env::var(k).ok()).unwrap_or_else(|e| fail(2, e));
+    let workers = match std::env::var("THREADWISE_NUM_WORKERS") {
+        Ok(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|w| *w as u64 <= MAX_WORKERS)
+            .unwrap_or_else(|| {
+                fail(
+                    2,
+                    format!("THREADWISE_NUM_WORKERS={v:?} is not a count up to {MAX_WORKERS}"),
+                )
+            }),
+        Err(_) => a.workers.unwrap_or(2),
+    };
+    let (world, stride) = (peer.world, peer.world as u64);
+    // Workers start before any thread of this process exists.
+    let mut loader = Loader::start(&a, workers, peer.rank as u64, stride)
+        .unwrap_or_else(|e| fail(3, format!("rank {}: {e}", peer.rank)));
+    let mut layers = model(&a);
     // SAFETY: a C function without arguments.
     let threads = unsafe { tw_max_threads() };
     threadwise::say!(
-        "rank {}/{}: {threads} OpenMP thread(s)",
+        "rank {}/{}: {threads} OpenMP thread(s), {workers} data-loader worker(s)",
         peer.rank,
-        peer.world
+        world
     );
-    let mut group = Group::join(&peer, Duration::from_secs(60))
+    let group = Group::join(&peer, Duration::from_secs(60))
         .unwrap_or_else(|e| fail(3, format!("rank {}: {e}", peer.rank)));
-    // A data-loader thread prepares the next batches while the step computes
-    // (like DataLoader workers): real CPU work per sample, two batches ahead.
-    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<f32>>(2);
-    let (len, work) = (n * b, a.loader_work);
-    let loader = (work > 0).then_some(rx);
-    std::thread::spawn(move || {
-        if work == 0 {
-            return;
+    let (job_tx, job_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel();
+    std::thread::spawn(move || comm_thread(group, job_rx, done_tx));
+    let comm_failed = |e: String| -> ! { fail(3, format!("rank {}: {e}", peer.rank)) };
+    let receive = || -> (Vec<f32>, bool) {
+        match done_rx.recv() {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => comm_failed(e),
+            Err(_) => comm_failed("the communication thread stopped".into()),
         }
-        let mut seed = 1u32;
-        loop {
-            let batch: Vec<f32> = (0..len)
-                .map(|i| {
-                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                    let mut v = (seed >> 8) as f32 / (1u32 << 24) as f32 + (i % 3) as f32;
-                    for _ in 0..work {
-                        v = (v * v + 0.1).sqrt();
-                    }
-                    v
-                })
-                .collect();
-            if tx.send(batch).is_err() {
-                return;
+    };
+    let bucket_floats = a.bucket_kib * 256;
+    let b = a.batch;
+    let (mut steps, mut checksum) = (0u64, 0f64);
+    let mut start = Instant::now();
+    loop {
+        let index = steps * stride + peer.rank as u64;
+        let input = loader
+            .next(steps, index, stride)
+            .unwrap_or_else(|e| fail(3, format!("rank {}: {e}", peer.rank)));
+        // Forward: keep each layer's normalised output and activation, and
+        // its input where that is not the previous activation (the batch, or
+        // a pooled image).
+        let mut acts: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = Vec::with_capacity(layers.len());
+        let mut inputs: Vec<Option<Vec<f32>>> = Vec::with_capacity(layers.len());
+        let mut first = Some(input);
+        let mut s_prev = a.size;
+        for (i, l) in layers.iter().enumerate() {
+            let mut own = first.take();
+            if l.pool_before {
+                let x = own.as_deref().unwrap_or_else(|| &acts[i - 1].1);
+                let mut p = uninit(b * l.s * l.s * l.cin);
+                // SAFETY: x holds b*s_prev^2*cin floats, p b*s^2*cin, s = s_prev/2.
+                unsafe { tw_pool2(x.as_ptr(), p.as_mut_ptr(), c(b), c(s_prev), c(l.cin)) };
+                own = Some(p);
+            }
+            let x = own.as_deref().unwrap_or_else(|| &acts[i - 1].1);
+            let pixels = b * l.s * l.s;
+            let n = (pixels * l.cout) as i64;
+            let mut y = uninit(pixels * l.cout);
+            let mut act = uninit(pixels * l.cout);
+            let (mut mean, mut inv) = (vec![0f32; l.cout], vec![0f32; l.cout]);
+            // SAFETY: the buffers have the sizes the kernels index (pixels*cin,
+            // 9*cin*cout, pixels*cout, cout) and cout <= the kernels' 1024.
+            unsafe {
+                tw_conv3x3(
+                    x.as_ptr(),
+                    l.w.as_ptr(),
+                    y.as_mut_ptr(),
+                    c(b),
+                    c(l.s),
+                    c(l.cin),
+                    c(l.cout),
+                );
+                tw_bn_stats(
+                    y.as_ptr(),
+                    pixels as i64,
+                    c(l.cout),
+                    mean.as_mut_ptr(),
+                    inv.as_mut_ptr(),
+                );
+                tw_bn_apply(
+                    y.as_mut_ptr(),
+                    pixels as i64,
+                    c(l.cout),
+                    mean.as_ptr(),
+                    inv.as_ptr(),
+                );
+            }
+            if l.residual {
+                // The block's input: the previous layer's input, same shape.
+                let r = inputs[i - 1].as_deref().unwrap_or_else(|| &acts[i - 2].1);
+                let mut z = uninit(pixels * l.cout);
+                // SAFETY: y, r and z all hold pixels*cout floats.
+                unsafe {
+                    tw_add(y.as_ptr(), r.as_ptr(), z.as_mut_ptr(), n);
+                    tw_relu(z.as_ptr(), act.as_mut_ptr(), n);
+                }
+            } else {
+                // SAFETY: y and act hold pixels*cout floats.
+                unsafe { tw_relu(y.as_ptr(), act.as_mut_ptr(), n) };
+            }
+            inputs.push(own);
+            acts.push((y, act, inv));
+            s_prev = l.s;
+        }
+        let x = &acts.last().expect("at least one layer").1;
+        // The loss's gradient, made from the last activation.
+        checksum += x.iter().take(16).map(|v| f64::from(*v)).sum::<f64>();
+        let mut g: Vec<f32> = x.iter().map(|v| v * 0.1 - 0.01).collect();
+        // Backward, last layer first; full buckets go to the communication
+        // thread while the earlier layers' gradients are computed.
+        let mut grads: Vec<Vec<f32>> = (0..layers.len()).map(|_| vec![]).collect();
+        let mut bucket: Vec<f32> = Vec::with_capacity(bucket_floats);
+        let mut bucket_layers: Vec<Vec<usize>> = vec![vec![]];
+        // The gradient a residual block sends straight to its input, added
+        // when backward reaches that input.
+        let mut shortcut: Option<Vec<f32>> = None;
+        for (i, l) in layers.iter().enumerate().rev() {
+            let (xhat, act, inv) = &acts[i];
+            let input = inputs[i].as_ref().unwrap_or_else(|| &acts[i - 1].1);
+            let pixels = b * l.s * l.s;
+            let n = (pixels * l.cout) as i64;
+            let mut gw = uninit(9 * l.cin * l.cout);
+            // SAFETY: as forward; g holds pixels*cout floats.
+            unsafe { tw_relu_back(act.as_ptr(), g.as_mut_ptr(), n) };
+            if l.residual {
+                shortcut = Some(g.clone());
+            }
+            // SAFETY: as forward.
+            unsafe {
+                tw_bn_back(
+                    xhat.as_ptr(),
+                    g.as_mut_ptr(),
+                    pixels as i64,
+                    c(l.cout),
+                    inv.as_ptr(),
+                );
+                tw_conv3x3_gradw(
+                    input.as_ptr(),
+                    g.as_ptr(),
+                    gw.as_mut_ptr(),
+                    c(b),
+                    c(l.s),
+                    c(l.cin),
+                    c(l.cout),
+                );
+            }
+            bucket.extend_from_slice(&gw);
+            bucket_layers.last_mut().expect("one open").push(i);
+            grads[i] = gw;
+            if bucket.len() >= bucket_floats {
+                let full = std::mem::replace(&mut bucket, Vec::with_capacity(bucket_floats));
+                if job_tx.send(Job::Bucket(full)).is_err() {
+                    comm_failed("the communication thread stopped".into());
+                }
+                bucket_layers.push(vec![]);
+            }
+            if i == 0 {
+                break;
+            }
+            let mut wt = uninit(9 * l.cin * l.cout);
+            let mut gin = uninit(pixels * l.cin);
+            // SAFETY: wt is the flipped 9*cin*cout kernel; gin holds pixels*cin.
+            unsafe {
+                tw_flip(l.w.as_ptr(), wt.as_mut_ptr(), c(l.cin), c(l.cout));
+                tw_conv3x3(
+                    g.as_ptr(),
+                    wt.as_ptr(),
+                    gin.as_mut_ptr(),
+                    c(b),
+                    c(l.s),
+                    c(l.cout),
+                    c(l.cin),
+                );
+            }
+            if !l.residual && i >= 1 && layers.get(i + 1).is_some_and(|next| next.residual) {
+                if let Some(r) = shortcut.take() {
+                    // SAFETY: this layer's input is the block's input: same shape as r.
+                    unsafe { tw_add(gin.as_ptr(), r.as_ptr(), gin.as_mut_ptr(), gin.len() as i64) };
+                }
+            }
+            g = gin;
+            if l.pool_before {
+                let up = layers[i - 1].s;
+                let mut gp = uninit(b * up * up * l.cin);
+                // SAFETY: g holds b*s^2*cin floats, gp b*(2s)^2*cin.
+                unsafe { tw_pool2_back(g.as_ptr(), gp.as_mut_ptr(), c(b), c(up), c(l.cin)) };
+                g = gp;
             }
         }
-    });
-    let mut steps = 0usize;
-    let mut start = Instant::now();
-    let mut checksum = 0.0;
-    loop {
-        if let Some(Ok(batch)) = loader.as_ref().map(|rx| rx.recv()) {
-            x.copy_from_slice(&batch);
+        drop((acts, inputs));
+        if !bucket.is_empty() {
+            if job_tx.send(Job::Bucket(bucket)).is_err() {
+                comm_failed("the communication thread stopped".into());
+            }
+        } else {
+            bucket_layers.pop();
         }
-        // SAFETY: the buffers hold n*n, n*b, n*b and grad.len() floats, as the C code reads.
-        unsafe {
-            checksum += tw_forward(
-                w.as_ptr(),
-                x.as_mut_ptr(),
-                y.as_mut_ptr(),
-                n as i32,
-                b as i32,
-                a.layers as i32,
-            );
-            tw_fill(grad.as_mut_ptr(), grad.len() as i64, 1.0);
+        // Wait for every bucket, average, and step the optimizer.
+        for members in &bucket_layers {
+            let (reduced, _) = receive();
+            let mut off = 0;
+            for &i in members {
+                let n = grads[i].len();
+                let scale = 1.0 / world as f32;
+                for (d, s) in grads[i].iter_mut().zip(&reduced[off..off + n]) {
+                    *d = s * scale;
+                }
+                off += n;
+            }
         }
-        if steps == a.warmup {
+        for (l, gw) in layers.iter_mut().zip(&grads) {
+            // SAFETY: w, mom and gw all hold 9*cin*cout floats.
+            unsafe {
+                tw_sgd(
+                    l.w.as_mut_ptr(),
+                    l.mom.as_mut_ptr(),
+                    gw.as_ptr(),
+                    gw.len() as i64,
+                    1e-4,
+                )
+            };
+        }
+        if steps == a.warmup as u64 {
             start = Instant::now();
         }
         steps += 1;
-        let stop = peer.rank == 0 && steps > a.warmup && start.elapsed().as_secs_f64() >= a.seconds;
-        match group.all_reduce(&mut grad, stop) {
-            Ok(true) => break,
-            Ok(false) => {}
-            Err(e) => fail(3, format!("rank {}: {e}", peer.rank)),
+        let stop =
+            peer.rank == 0 && steps > a.warmup as u64 && start.elapsed().as_secs_f64() >= a.seconds;
+        if job_tx.send(Job::Stop(stop)).is_err() {
+            comm_failed("the communication thread stopped".into());
+        }
+        if receive().1 {
+            break;
         }
     }
+    drop(loader);
     if peer.rank == 0 {
         let elapsed = start.elapsed().as_secs_f64();
-        let counted = steps - a.warmup;
-        let samples = (counted * b * peer.world) as f64;
+        let counted = steps - a.warmup as u64;
+        let samples = (counted as usize * b * world) as f64;
         println!(
-            "throughput: {:.1} samples/s (world {}, {threads} OpenMP threads per rank, {counted} steps in {elapsed:.2} s, checksum {:.3})",
+            "throughput: {:.1} samples/s (world {world}, {threads} OpenMP threads and {workers} \
+             data-loader workers per rank, {counted} steps in {elapsed:.2} s, checksum {:.3})",
             samples / elapsed,
-            peer.world,
             checksum.fract()
         );
     }

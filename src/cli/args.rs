@@ -274,6 +274,10 @@ pub struct RunCmd {
     /// Skip the quick doctor checks before starting
     #[arg(long)]
     pub no_doctor: bool,
+    /// Leave DataLoader workers (child processes running the rank's own
+    /// program) on the rank's CPUs instead of moving them to its worker CPUs
+    #[arg(long)]
+    pub no_move_workers: bool,
     /// Show the live view (threadwise top) in place of the ranks' output
     /// (which still goes to --log-dir)
     #[arg(long)]
@@ -437,17 +441,17 @@ pub struct TuneCmd {
     /// Built-in workload: seconds measured per trial
     #[arg(long, default_value = "1.5", value_name = "SECS", value_parser = parse_work_seconds)]
     pub work_seconds: Duration,
-    /// Built-in workload: layer width
-    #[arg(long, default_value_t = 192, value_parser = clap::value_parser!(u64).range(1..=workload::MAX_SIZE).map(|v| v as usize))]
+    /// Built-in workload: image side in pixels (the CNN halves it per stage)
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=workload::MAX_SIZE).map(|v| v as usize))]
     pub work_size: usize,
     /// Built-in workload: samples per step per rank
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=workload::MAX_BATCH).map(|v| v as usize))]
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=workload::MAX_BATCH).map(|v| v as usize))]
     pub work_batch: usize,
-    /// Built-in workload: parallel regions (layers) per step
+    /// Built-in workload: convolution layers (each several parallel regions)
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=workload::MAX_LAYERS).map(|v| v as usize))]
     pub work_layers: usize,
-    /// Built-in workload: per-element work of a data-loader thread per rank (0: none)
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=workload::MAX_LOADER_WORK).map(|v| v as usize))]
+    /// Built-in workload: decode-like passes per value of each sample in the data-loader workers
+    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u64).range(0..=workload::MAX_LOADER_WORK).map(|v| v as usize))]
     pub work_loader: usize,
     /// Your training command (default: the built-in workload)
     #[arg(last = true, value_name = "CMD")]

@@ -63,7 +63,7 @@ fn builtin_workload_report_is_complete_and_consistent() {
             "--work-seconds",
             "0.3",
             "--work-size",
-            "96",
+            "8",
             "--export-json",
         ])
         .arg(&j)
