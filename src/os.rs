@@ -91,6 +91,26 @@ pub fn set_affinity_raw(words: &[u64]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// sched_setaffinity(tid, words): another thread's (or process's) mask.
+pub fn set_task_affinity(tid: libc::pid_t, words: &[u64]) -> std::io::Result<()> {
+    if words.iter().all(|w| *w == 0) {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: words is valid for words.len() * 8 bytes, which is the size we pass.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_setaffinity,
+            tid,
+            words.len() * 8,
+            words.as_ptr(),
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// set_mempolicy(mode, nodes): the calling thread's NUMA memory policy.
 pub fn set_mempolicy_raw(mode: i32, nodes: &[u64]) -> std::io::Result<()> {
     let (ptr, maxnode) = if nodes.is_empty() || mode == MPOL_LOCAL || mode == MPOL_DEFAULT {

@@ -276,6 +276,7 @@ pub fn run(a: RunCmd) -> Result<Exit, Failure> {
             sink: None,
         },
         timeout: None,
+        move_workers: !a.no_move_workers,
         log_dir: a.log_dir.clone(),
         on_spawned: Some(watch.hook(
             &p,

@@ -10,6 +10,7 @@ pub mod env;
 pub mod output;
 mod signals;
 pub mod supervise;
+pub mod workers;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -105,6 +106,8 @@ pub struct RankLaunch {
     pub placement: Placement,
     pub cpus: String,
     pub mem: String,
+    /// Where `run` moves the rank's DataLoader workers (when not its own CPUs).
+    pub worker_mask: Option<Vec<u64>>,
 }
 
 /// The placement a rank plan asks for.
@@ -156,6 +159,8 @@ pub fn rank_launch(
             format!("{} (unbound)", rank.cpus)
         },
         mem,
+        worker_mask: (rank.bind && !rank.worker_cpus.is_empty() && rank.worker_cpus != rank.cpus)
+            .then(|| os::mask_words(&rank.worker_cpus)),
     }
 }
 

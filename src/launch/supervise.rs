@@ -28,6 +28,8 @@ pub struct RunOptions {
     pub log_dir: Option<PathBuf>,
     /// Told every rank's (local rank, pid) once all have started.
     pub on_spawned: Option<Spawned>,
+    /// Move each rank's DataLoader workers to its worker CPUs (see workers.rs).
+    pub move_workers: bool,
 }
 
 /// A callback with the ranks' pids (the state file for `top`, `run --top`).
@@ -125,10 +127,12 @@ struct Running {
     result: Option<RankResult>,
     /// The highest VmHWM seen after exec: the rank's own peak RSS.
     hwm_kib: Option<i64>,
+    mover: Option<super::workers::Mover>,
 }
 
-/// How often the ranks' peak RSS is read from /proc while they run.
-const RSS_SAMPLE: Duration = Duration::from_millis(100);
+/// How often the ranks' peak RSS is read from /proc, and their new
+/// DataLoader workers moved, while they run.
+const SAMPLE: Duration = Duration::from_millis(100);
 
 /// A rank's VmHWM, once it runs its own program (before exec it is a copy of
 /// us, and wait4's ru_maxrss keeps that copy's size: our heap, not the rank's).
@@ -392,11 +396,14 @@ impl Watch {
         })
     }
 
-    /// Read every live rank's peak RSS.
-    fn sample_rss(&mut self) {
+    /// Read every live rank's peak RSS; move new DataLoader workers.
+    fn sample(&mut self) {
         for r in self.running.iter_mut().filter(|r| r.result.is_none()) {
             if let Some(h) = own_hwm_kib(r.pid) {
                 r.hwm_kib = Some(r.hwm_kib.map_or(h, |o| o.max(h)));
+            }
+            if let Some(m) = &mut r.mover {
+                m.tick(r.pid);
             }
         }
     }
@@ -493,11 +500,17 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
     let mut w = Watch {
         running: children
             .iter()
-            .map(|(c, _)| Running {
+            .zip(ranks)
+            .map(|((c, _), l)| Running {
                 pid: c.id() as i32,
                 started: Instant::now(),
                 result: None,
                 hwm_kib: None,
+                mover: l
+                    .worker_mask
+                    .clone()
+                    .filter(|_| opts.move_workers)
+                    .map(super::workers::Mover::new),
             })
             .collect(),
         first_failure: None,
@@ -521,8 +534,8 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
         };
         let got = signals.wait(wait.max(0));
         if Instant::now() >= next_sample {
-            w.sample_rss();
-            next_sample = Instant::now() + RSS_SAMPLE;
+            w.sample();
+            next_sample = Instant::now() + SAMPLE;
         }
         for (pid, status, ru) in reap() {
             w.on_exit(ranks, pid, status, &ru);

@@ -21,6 +21,11 @@ pub struct Slice {
     pub sharers: usize,
     /// The efficiency cores (hybrid CPUs) among `core_sets`.
     pub efficiency: CpuSet,
+    /// CPUs for this rank's DataLoader workers only (not bound to the rank):
+    /// cores of GPU-less NUMA nodes shared out to the nearest GPU ranks.
+    pub extra: CpuSet,
+    /// Physical cores in `extra`.
+    pub extra_cores: usize,
     pub reasons: Vec<String>,
 }
 
@@ -327,15 +332,33 @@ fn slices(assign: Vec<Vec<usize>>, units: &[Unit], reasons: Vec<Vec<String>>) ->
                 core_sets,
                 sharers: count[idx],
                 efficiency,
+                extra: CpuSet::new(),
+                extra_cores: 0,
                 reasons,
             }
         })
         .collect()
 }
 
+/// Attach each rank's worker-only units.
+fn with_extra(mut s: Vec<Slice>, extra: &[Vec<usize>], units: &[Unit]) -> Vec<Slice> {
+    for (x, e) in s.iter_mut().zip(extra) {
+        x.extra = union(units, e);
+        x.extra_cores = e.iter().map(|&u| units[u].cores.len()).sum();
+    }
+    s
+}
+
 /// Units no rank got, said once for the whole plan.
-fn idle_note(assign: &[Vec<usize>], units: &[Unit], what: &str, plan_reasons: &mut Vec<String>) {
-    let used: std::collections::BTreeSet<usize> = assign.iter().flatten().copied().collect();
+fn idle_note(
+    assign: &[Vec<usize>],
+    extra: &[Vec<usize>],
+    units: &[Unit],
+    what: &str,
+    plan_reasons: &mut Vec<String>,
+) {
+    let used: std::collections::BTreeSet<usize> =
+        assign.iter().chain(extra).flatten().copied().collect();
     let idle: CpuSet = (0..units.len())
         .filter(|u| !used.contains(u))
         .fold(CpuSet::new(), |a, u| a.union(&units[u].cpus));
@@ -347,6 +370,9 @@ fn idle_note(assign: &[Vec<usize>], units: &[Unit], what: &str, plan_reasons: &m
     }
 }
 
+/// Unit indices per rank.
+type Assign = Vec<Vec<usize>>;
+
 /// Own units per rank (cores or L3 groups); with --oversubscribe, more ranks
 /// than units share them round-robin, one unit each.
 fn exclusive_units(
@@ -357,7 +383,7 @@ fn exclusive_units(
     unit: &'static str,
     reasons: &mut [Vec<String>],
     plan_reasons: &mut Vec<String>,
-) -> Result<Vec<Vec<usize>>, PlanError> {
+) -> Result<(Assign, Assign), PlanError> {
     let n = gpus.len();
     let assign = match assign_exclusive(topo, units, gpus, unit, reasons) {
         Some(a) => a,
@@ -384,8 +410,103 @@ fn exclusive_units(
             });
         }
     };
-    idle_note(&assign, units, unit, plan_reasons);
-    Ok(assign)
+    // GPU ranks: what no rank computes on goes to the nearest GPU ranks'
+    // DataLoader workers (not with policy single, which asks for one core).
+    let extra = if req.policy == Policy::Exclusive && gpus.iter().any(Option::is_some) {
+        share_leftovers(topo, units, gpus, &assign, unit, reasons)
+    } else {
+        vec![vec![]; n]
+    };
+    idle_note(&assign, &extra, units, unit, plan_reasons);
+    Ok((assign, extra))
+}
+
+/// The package (index) a NUMA node's CPUs are in.
+fn package_of(topo: &Topology, node: Option<usize>) -> Option<usize> {
+    let n = topo.numa_nodes.iter().find(|x| Some(x.id) == node)?;
+    topo.packages
+        .iter()
+        .position(|p| p.cpus.intersects(&n.cpus))
+}
+
+/// Units no GPU rank computes on (GPU-less NUMA nodes, what is left over on
+/// GPU nodes), each node's shared out evenly, in contiguous runs, among the GPU
+/// ranks nearest to it: same package first, then NUMA distance.
+fn share_leftovers(
+    topo: &Topology,
+    units: &[Unit],
+    gpus: &[Option<&PciDevice>],
+    assign: &[Vec<usize>],
+    unit_name: &str,
+    reasons: &mut [Vec<String>],
+) -> Vec<Vec<usize>> {
+    let n = gpus.len();
+    let mut used = vec![false; units.len()];
+    for &u in assign.iter().flatten() {
+        used[u] = true;
+    }
+    let mut free: BTreeMap<Option<usize>, Vec<usize>> = BTreeMap::new();
+    for u in (0..units.len()).filter(|u| !used[*u]) {
+        free.entry(units[u].node).or_default().push(u);
+    }
+    // A rank's home: its GPU's node, else the node of its first unit.
+    let home: Vec<Option<usize>> = (0..n)
+        .map(|r| {
+            gpus[r]
+                .and_then(|g| g.numa_node)
+                .or_else(|| assign[r].first().and_then(|&u| units[u].node))
+        })
+        .collect();
+    let gpu_ranks: Vec<usize> = (0..n).filter(|&r| gpus[r].is_some()).collect();
+    let mut extra: Vec<Vec<usize>> = vec![vec![]; n];
+    let mut got: Vec<BTreeMap<Option<usize>, (usize, u64)>> = vec![BTreeMap::new(); n];
+    for (node, list) in free {
+        let key = |r: usize| {
+            let other_package = package_of(topo, home[r]) != package_of(topo, node);
+            (other_package, distance(topo, home[r], node))
+        };
+        let Some(best) = gpu_ranks.iter().map(|&r| key(r)).min() else {
+            continue;
+        };
+        let mut nearest: Vec<usize> = gpu_ranks
+            .iter()
+            .copied()
+            .filter(|&r| key(r) == best)
+            .collect();
+        // Ranks with fewer extra units so far take the larger runs.
+        nearest.sort_by_key(|&r| (extra[r].len(), r));
+        let runs = contiguous_runs(list.len(), nearest.len());
+        let mut order: Vec<(usize, Vec<usize>)> = nearest.into_iter().zip(runs).collect();
+        order.sort_by_key(|(r, _)| *r);
+        for (r, run) in order {
+            if run.is_empty() {
+                continue;
+            }
+            extra[r].extend(run.iter().map(|&i| list[i]));
+            got[r].insert(node, (run.len(), best.1));
+        }
+    }
+    for r in 0..n {
+        if got[r].is_empty() {
+            continue;
+        }
+        let parts: Vec<String> = got[r]
+            .iter()
+            .map(|(node, (k, d))| match node {
+                Some(id) if *d == 0 => format!("{k} left over on its own node {id}"),
+                Some(id) => format!("{k} on node {id} (distance {d})"),
+                None => format!("{k} on no known node"),
+            })
+            .collect();
+        let total: usize = got[r].values().map(|(k, _)| k).sum();
+        reasons[r].push(format!(
+            "{total} more {unit_name}(s) no GPU rank computes on, for its DataLoader workers only: {} \
+             (shared evenly among the nearest GPU ranks, same package first)",
+            parts.join(", ")
+        ));
+        extra[r].sort_unstable();
+    }
+    extra
 }
 
 /// Whole NUMA nodes or packages, shared by the ranks on them.
@@ -464,12 +585,12 @@ pub fn place(
                 };
                 return place(topo, &exclusive, gpus, plan_reasons);
             }
-            let assign =
+            let (assign, extra) =
                 exclusive_units(topo, req, &l3, gpus, "L3 group", &mut reasons, plan_reasons)?;
-            Ok(slices(assign, &l3, reasons))
+            Ok(with_extra(slices(assign, &l3, reasons), &extra, &l3))
         }
         Policy::Exclusive | Policy::Single => {
-            let mut assign =
+            let (mut assign, extra) =
                 exclusive_units(topo, req, &cores, gpus, "core", &mut reasons, plan_reasons)?;
             if req.policy == Policy::Single {
                 for a in &mut assign {
@@ -477,7 +598,7 @@ pub fn place(
                 }
                 plan_reasons.push("policy single: one physical core per rank".into());
             }
-            Ok(slices(assign, &cores, reasons))
+            Ok(with_extra(slices(assign, &cores, reasons), &extra, &cores))
         }
     }
 }

@@ -43,6 +43,9 @@ pub fn size(
     } else {
         n_cores
     };
+    if hybrid {
+        reasons.push(capacity_note(topo, slice));
+    }
     if hybrid && has_gpu {
         reasons.push(format!(
             "hybrid CPU: compute threads count only the {} performance core(s)",
@@ -57,11 +60,17 @@ pub fn size(
         Profile::Seed => seed(topo, req, nproc, reasons),
         Profile::Auto if has_gpu => {
             let t = units.div_ceil(4).clamp(1, 4);
-            let w = units.saturating_sub(t).clamp(1, MAX_AUTO_WORKERS);
+            let room = units.saturating_sub(t) + slice.extra_cores;
+            let w = room.clamp(1, MAX_AUTO_WORKERS);
             reasons.push(format!(
-                "GPU rank: {t} compute thread(s) of {units} {}; {w} DataLoader worker(s) on the rest{}",
+                "GPU rank: {t} compute thread(s) of {units} {}; {w} DataLoader worker(s) on the rest{}{}",
                 unit_word(req),
-                if units - t > MAX_AUTO_WORKERS { format!(" (capped at {MAX_AUTO_WORKERS})") } else { String::new() }
+                if slice.extra_cores > 0 {
+                    format!(" and on the {} worker-only core(s)", slice.extra_cores)
+                } else {
+                    String::new()
+                },
+                if room > MAX_AUTO_WORKERS { format!(" (capped at {MAX_AUTO_WORKERS})") } else { String::new() }
             ));
             (t, w)
         }
@@ -76,7 +85,7 @@ pub fn size(
         Profile::Auto => {
             let w = (units / 4).clamp(1, 4);
             reasons.push(format!(
-                "CPU rank: all {units} {} compute; {w} DataLoader worker(s) share them",
+                "CPU rank: all {units} {} compute; {w} DataLoader worker(s)",
                 unit_word(req)
             ));
             (units, w)
@@ -109,12 +118,42 @@ pub fn size(
     if let Amount::Fixed(w) = req.workers {
         workers = w;
     }
-    // Workers get the cores after the compute threads' ones, when any are left.
-    let spare: Vec<&CpuSet> = slice.core_sets.iter().skip(threads).collect();
+    // GPU ranks: workers get the cores after the compute threads' ones and the
+    // worker-only cores of GPU-less nodes. CPU ranks compute on all their
+    // cores, so their workers may use any allowed CPU of the rank's NUMA
+    // node(s): a worker stuck behind its own rank's compute threads stalls
+    // the step whenever one batch is slow to make, while another rank's core
+    // is idle in its all-reduce.
+    let spare: CpuSet = slice
+        .core_sets
+        .iter()
+        .skip(threads)
+        .fold(CpuSet::new(), |a, s| a.union(s))
+        .union(&slice.extra);
     let worker_cpus = if hybrid && !has_gpu {
         slice.efficiency.clone()
     } else if has_gpu && !spare.is_empty() && slice.bind {
-        spare.iter().fold(CpuSet::new(), |a, s| a.union(s))
+        spare
+    } else if !has_gpu && slice.bind && workers > 0 && req.profile == Profile::Auto {
+        let near = super::place::nodes_of(topo, &slice.cpus)
+            .iter()
+            .filter_map(|id| topo.numa_nodes.iter().find(|n| n.id == *id))
+            .fold(CpuSet::new(), |a, n| a.union(&n.cpus))
+            .intersection(&topo.allowed_cpus);
+        let near = if near.is_empty() {
+            topo.allowed_cpus.clone()
+        } else {
+            near
+        };
+        if near != slice.cpus {
+            reasons.push(format!(
+                "DataLoader workers may run on CPUs {near} (the allowed CPUs of its NUMA node(s)): \
+                 its own {} core(s) run its {threads} compute thread(s), and a worker queued behind \
+                 them stalls the step when a batch is slow; threadwise run moves its child processes there",
+                slice.cores
+            ));
+        }
+        near
     } else {
         slice.cpus.clone()
     };
@@ -122,6 +161,53 @@ pub fn size(
         threads,
         workers,
         worker_cpus,
+    }
+}
+
+/// How much compute a hybrid rank has: its cores weighted by their capacity
+/// (cpu_capacity, else maximum frequency) against the machine's fastest core.
+fn capacity_note(topo: &Topology, slice: &Slice) -> String {
+    let cap_of = |set: &CpuSet| {
+        topo.cores
+            .iter()
+            .find(|c| c.cpus.intersects(set))
+            .and_then(|c| c.capacity)
+    };
+    let best = topo.cores.iter().filter_map(|c| c.capacity).max();
+    let slow = slice
+        .core_sets
+        .iter()
+        .filter(|c| c.is_subset(&slice.efficiency))
+        .count();
+    let fast = slice.core_sets.len() - slow;
+    match best {
+        Some(best) if best > 0 && slice.core_sets.iter().all(|c| cap_of(c).is_some()) => {
+            let weight = |sets: &mut dyn Iterator<Item = &CpuSet>| -> f64 {
+                sets.map(|c| cap_of(c).unwrap_or(0) as f64 / best as f64)
+                    .sum()
+            };
+            let p = weight(
+                &mut slice
+                    .core_sets
+                    .iter()
+                    .filter(|c| !c.is_subset(&slice.efficiency)),
+            );
+            let e = weight(
+                &mut slice
+                    .core_sets
+                    .iter()
+                    .filter(|c| c.is_subset(&slice.efficiency)),
+            );
+            format!(
+                "hybrid CPU: {fast} performance + {slow} efficiency core(s) = {:.1} fastest-core \
+                 equivalents by capacity ({p:.1} + {e:.1}); compute threads follow the performance cores",
+                p + e
+            )
+        }
+        _ => format!(
+            "hybrid CPU: {fast} performance + {slow} efficiency core(s) (sysfs shows no capacity \
+             to weigh them); compute threads follow the performance cores"
+        ),
     }
 }
 

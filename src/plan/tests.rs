@@ -258,6 +258,33 @@ proptest! {
         let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
         prop_assert!(hi - lo <= 1, "unbalanced: {:?}", sizes);
         if gsel == GpuSelect::Auto {
+            // Every allowed core is in exactly one rank's set (its CPUs and
+            // its worker CPUs together).
+            for c in &cores {
+                let owners = p.ranks.iter().filter(|r| c.is_subset(&r.cpus.union(&r.worker_cpus))).count();
+                prop_assert_eq!(owners, 1, "core {} in {} ranks' sets ({})", c, owners, desc);
+            }
+            // Worker-only cores go to the nearest GPU ranks: same package
+            // first, then NUMA distance.
+            let node_of = |cpu: usize| t.numa_nodes.iter().find(|x| x.cpus.contains(cpu)).map(|x| x.id);
+            let pkg_of = |node: Option<usize>| {
+                let cpus = &t.numa_nodes.iter().find(|x| Some(x.id) == node)?.cpus;
+                t.packages.iter().position(|p| p.cpus.intersects(cpus))
+            };
+            let dist = |a: Option<usize>, b: Option<usize>| match (a, b, &t.numa_distances) {
+                (Some(a), Some(b), _) if a == b => 0,
+                (Some(a), Some(b), Some(d)) => d.get(a, b).unwrap_or(u64::MAX / 2),
+                _ => u64::MAX / 2,
+            };
+            let home: Vec<Option<usize>> = (0..n).map(|i| t.gpus[i].numa_node).collect();
+            for (i, rank) in p.ranks.iter().enumerate() {
+                for cpu in rank.worker_cpus.difference(&rank.cpus).iter() {
+                    let m = node_of(cpu);
+                    let key = |r: usize| (pkg_of(home[r]) != pkg_of(m), dist(home[r], m));
+                    let best = (0..n).map(key).min().unwrap();
+                    prop_assert_eq!(key(i), best, "rank {} got CPU {} of node {:?} ({})", i, cpu, m, desc);
+                }
+            }
             // On its GPU's node whenever that node has a core for each of its ranks.
             for (i, rank) in p.ranks.iter().enumerate() {
                 let node = t.gpus[i].numa_node.unwrap();
@@ -283,7 +310,10 @@ proptest! {
             prop_assert!(!rank.cpus.is_empty());
             prop_assert!(rank.cpus.is_subset(&t.allowed_cpus));
             prop_assert!(rank.threads >= 1 && rank.threads <= cap.max(1), "threads {} > budget cap {}", rank.threads, cap);
-            prop_assert!(rank.worker_cpus.is_subset(&rank.cpus));
+            prop_assert!(rank.worker_cpus.is_subset(&t.allowed_cpus));
+            if !rank.bind {
+                prop_assert!(rank.worker_cpus.is_subset(&rank.cpus));
+            }
             prop_assert_eq!(&rank.env["OMP_NUM_THREADS"], &rank.threads.to_string());
         }
     }

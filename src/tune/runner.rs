@@ -70,6 +70,7 @@ impl super::TrialRunner for Runner {
             },
             log_dir: None,
             on_spawned: None,
+            move_workers: true,
         };
         if let Some(g) = &mut self.gpu {
             g.start();

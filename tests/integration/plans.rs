@@ -33,11 +33,38 @@ fn dgx_like_exclusive() {
     assert_eq!(ranks[1]["cpus"], "56-63,184-191");
     assert_eq!(ranks[2]["mem_nodes"], serde_json::json!([1]));
     assert_eq!(ranks[0]["threads"], 2);
-    assert_eq!(ranks[0]["workers"], 6);
-    assert_eq!(ranks[0]["env"]["THREADWISE_WORKER_CPUS"], "50-55,178-183");
+    // 6 spare cores of its own node plus 8 worker-only cores of the GPU-less
+    // nodes 0 and 2 (distance 12, same package), capped at 8 workers.
+    assert_eq!(ranks[0]["workers"], 8);
+    assert_eq!(
+        ranks[0]["env"]["THREADWISE_WORKER_CPUS"],
+        "0-3,32-35,50-55,128-131,160-163,178-183"
+    );
     assert_eq!(ranks[0]["env"]["CUDA_DEVICE_ORDER"], "PCI_BUS_ID");
     assert!(ranks[0]["env"].get("KMP_AFFINITY").is_none());
     assert!(ranks[0]["env"].get("OMP_PROC_BIND").is_none());
+}
+
+/// DGX H100: 2 x 56-core Xeon, one NUMA node per socket, 4 GPUs on each.
+const DGX_H100: &str = "package:2 l3:1 core:56 pu:2 gpu-nodes:0,0,0,0,1,1,1,1";
+/// An 8-GPU AMD server in NPS4: 8 nodes of 2 CCDs (8 cores each), GPUs
+/// hanging off 4 of the 8 nodes.
+const AMD_8GPU: &str = "package:2 numa:4 l3:2 core:8 pu:2 gpu-nodes:0,0,2,2,4,4,6,6";
+
+#[test]
+fn gpu_servers_use_every_core() {
+    insta::assert_snapshot!("dgx_h100", plan(&["--synthetic", DGX_H100, "--explain"]));
+    insta::assert_snapshot!("amd_8gpu", plan(&["--synthetic", AMD_8GPU, "--explain"]));
+    let p: Value = serde_json::from_str(&plan(&["--synthetic", AMD_8GPU, "--json"])).unwrap();
+    for r in p["ranks"].as_array().unwrap() {
+        // 16 cores of its GPU's node (2 ranks share 32) and 8 of the
+        // GPU-less node next to it in the same package.
+        assert_eq!(r["cores"], 8, "{r}");
+        let node = r["mem_nodes"][0].as_u64().unwrap();
+        assert!(node % 2 == 0, "{r}");
+    }
+    let none = plan(&["--synthetic", AMD_8GPU, "--explain"]);
+    assert!(!none.contains("stay idle"), "{none}");
 }
 
 #[test]
@@ -145,6 +172,12 @@ fn placement_pictures() {
     // The first line names the scratch directory: leave it out.
     let body: String = hybrid.lines().skip(1).map(|l| format!("{l}\n")).collect();
     insta::assert_snapshot!("picture_hybrid_dump", body);
+    // Each rank gets the same mix, and the plan says how much compute that is.
+    let why = plan(&["-n", "2", "--root", root.to_str().unwrap(), "--explain"]);
+    assert!(
+        why.contains("every rank: hybrid CPU: 3 performance + 4 efficiency core(s) = 5.9 fastest-core equivalents"),
+        "{why}"
+    );
     // This machine: every core appears once, lettered by its rank.
     let live = pic(&["-n", "1"]);
     assert!(live.contains("node 0") && live.contains('A'), "{live}");

@@ -1,0 +1,159 @@
+//! `run` moves each rank's DataLoader workers onto the plan's worker CPUs from
+//! outside, with no code in the user's process: every supervisor tick (100 ms)
+//! it walks the rank's descendants (`/proc/PID/task/TID/children`) and sets the
+//! CPU mask of every thread of each new worker with `sched_setaffinity`.
+//!
+//! Which descendants are workers: a process running the same program as its
+//! parent (`/proc/PID/exe`): a fork (DataLoader's default start method) or a
+//! re-exec of the same interpreter (spawn, forkserver, our workload's loader
+//! processes). A different program (the python a shell script starts, a
+//! compiler) is the rank's own work and keeps the rank's mask; so are its
+//! threads. Threads a worker creates later inherit its new mask; a worker
+//! whose thread count changed is set again on the next tick.
+//!
+//! Limits: a new worker runs up to one tick on the rank's CPUs before it is
+//! caught; under `bind` (which execs the rank and leaves nothing behind) no one
+//! moves workers: they inherit the rank's mask unless the script applies
+//! THREADWISE_WORKER_CPUS itself (see the README).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+/// One rank's mover.
+#[derive(Debug)]
+pub struct Mover {
+    words: Vec<u64>,
+    /// Workers set so far, with the thread count they had then.
+    seen: HashMap<i32, usize>,
+}
+
+fn children(pid: i32) -> Vec<i32> {
+    let mut out = vec![];
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let path = t.path().join("children");
+        if let Ok(s) = std::fs::read_to_string(path) {
+            out.extend(s.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+fn exe(pid: i32) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/exe")).ok()
+}
+
+fn tasks(pid: i32) -> Vec<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl Mover {
+    pub fn new(words: Vec<u64>) -> Mover {
+        Mover {
+            words,
+            seen: HashMap::new(),
+        }
+    }
+
+    /// Find the rank's workers and set the new ones; returns how many
+    /// processes were set this time.
+    pub fn tick(&mut self, rank: i32) -> usize {
+        let mut moved = 0;
+        let mut stack: Vec<(i32, Option<PathBuf>)> = vec![(rank, exe(rank))];
+        let mut alive = vec![];
+        while let Some((pid, pexe)) = stack.pop() {
+            for c in children(pid) {
+                let cexe = exe(c);
+                let worker = cexe.is_some() && cexe == pexe;
+                if worker {
+                    alive.push(c);
+                    let t = tasks(c);
+                    if self.seen.get(&c) != Some(&t.len()) {
+                        for tid in &t {
+                            // A task that ended meanwhile is no error.
+                            let _ = crate::os::set_task_affinity(*tid, &self.words);
+                        }
+                        self.seen.insert(c, t.len());
+                        moved += 1;
+                    }
+                }
+                stack.push((c, cexe));
+            }
+        }
+        self.seen.retain(|p, _| alive.contains(p));
+        moved
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    fn allowed(pid: i32) -> String {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        s.lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
+    #[test]
+    fn moves_forked_workers_not_other_programs() {
+        let me = crate::cpuset::CpuSet::parse_list(&allowed(std::process::id() as i32)).unwrap();
+        let first = me.first().unwrap();
+        let one: crate::cpuset::CpuSet = std::iter::once(first).collect();
+        // A shell (the rank) forks a subshell (a worker: same program) and
+        // starts sleep (another program).
+        let mut rank = Command::new("bash")
+            .args(["-c", "( while :; do sleep 0.05; done ) & sleep 30 & wait"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = rank.id() as i32;
+        let t = Instant::now();
+        let kids = loop {
+            let k = children(pid);
+            if k.len() >= 2 || t.elapsed() > Duration::from_secs(5) {
+                break k;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut m = Mover::new(crate::os::mask_words(&one));
+        assert_eq!(m.tick(pid), 1, "one worker among {kids:?}");
+        let (mut worker, mut other) = (None, None);
+        for k in &kids {
+            if exe(*k) == exe(pid) {
+                worker = Some(*k);
+            } else {
+                other = Some(*k);
+            }
+        }
+        assert_eq!(allowed(worker.unwrap()), first.to_string());
+        assert_eq!(
+            allowed(other.unwrap()),
+            me.to_string(),
+            "sleep is not a worker"
+        );
+        assert_eq!(allowed(pid), me.to_string(), "the rank keeps its mask");
+        assert_eq!(m.tick(pid), 0, "set once");
+        for k in &kids {
+            // SAFETY: plain syscall on our own test children.
+            unsafe { libc::kill(*k, libc::SIGKILL) };
+        }
+        let _ = rank.kill();
+        let _ = rank.wait();
+    }
+}
