@@ -54,7 +54,9 @@ fn note_overrides(l: &RankLaunch) {
     }
 }
 
-fn dry_run(plan: &Plan, launches: &[RankLaunch]) -> String {
+/// `--dry-run`: what each rank would get. `mover`: run moves DataLoader
+/// workers (bind does not).
+fn dry_run(plan: &Plan, launches: &[RankLaunch], mover: bool) -> String {
     let inherited = std::env::vars_os().count();
     let mut s = format!(
         "{} rank(s); each inherits your environment ({inherited} variables) except what is listed\n",
@@ -74,6 +76,20 @@ fn dry_run(plan: &Plan, launches: &[RankLaunch]) -> String {
                     .collect::<Vec<_>>()
             )
         ));
+        let workers = plan
+            .ranks
+            .get(l.local_rank)
+            .map(|r| r.worker_cpus.to_string());
+        if let (Some(_), Some(w)) = (&l.worker_mask, workers) {
+            s.push_str(&if mover {
+                format!("  DataLoader workers: moved to CPUs {w} (checked every 100 ms)\n")
+            } else {
+                format!(
+                    "  DataLoader workers: stay on the rank's CPUs (bind leaves no process to move \
+                     them); THREADWISE_WORKER_CPUS={w} for a worker_init_fn\n"
+                )
+            });
+        }
         for (k, v) in &l.env {
             let was = match current(k) {
                 Some(old) if old != *v => format!("   (replaces {})", quote(&old)),
@@ -217,7 +233,7 @@ pub fn run(a: RunCmd) -> Result<Exit, Failure> {
         let contain = crate::launch::contain::JobCgroup::probe();
         return super::emit(&format!(
             "{}containment: {contain}\n",
-            dry_run(&p, &launches)
+            dry_run(&p, &launches, !a.no_move_workers)
         ));
     }
     if let Some(first) = launches.first() {
@@ -411,6 +427,7 @@ pub fn bind_cmd(a: BindCmd) -> Result<Exit, Failure> {
                 ..p.clone()
             },
             &[l],
+            false,
         ));
     }
     Err(bind::exec_rank(&l, a.allow_unbound).into())

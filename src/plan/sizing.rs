@@ -83,9 +83,14 @@ pub fn size(
             (units, w)
         }
         Profile::Auto => {
-            let w = (units / 4).clamp(1, 4);
+            // At least two: with one, the step waits whenever that worker's
+            // batch is slow; a second keeps a batch ready (measured on the
+            // PyTorch example, 2 ranks on 2 cores: 1 worker 0.93x torchrun's
+            // default, 2 workers 1.04x; scripts/bench-run-vs-torchrun.sh).
+            let w = (units / 4).clamp(2, 4);
             reasons.push(format!(
-                "CPU rank: all {units} {} compute; {w} DataLoader worker(s)",
+                "CPU rank: all {units} {} compute; {w} DataLoader worker(s) (at least 2, so one \
+                 batch is ready while another is slow)",
                 unit_word(req)
             ));
             (units, w)

@@ -549,3 +549,47 @@ fn a_refused_binding_stops_the_launch_unless_allowed() {
     assert!(text(&out.stderr).contains("ranks run unbound"));
     assert!(marker.exists());
 }
+
+/// `run` moves a rank's workers (children running the rank's own program) to
+/// the plan's worker CPUs; the rank keeps its own; `--no-move-workers` leaves
+/// them. Shell builtins read /proc/self, so each line is that process's mask.
+#[test]
+fn dataloader_workers_are_moved_to_the_worker_cpus() {
+    let plan = plan_json(2);
+    let (rank_cpus, worker_cpus) = (
+        plan["ranks"][0]["cpus"].as_str().unwrap().to_string(),
+        plan["ranks"][0]["worker_cpus"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+    );
+    let mask = r#"while read -r k v; do [ "$k" = Cpus_allowed_list: ] && echo "$v"; done < /proc/self/status"#;
+    let script = format!(
+        "( sleep 0.6; {mask} > \"$D/worker-$LOCAL_RANK\" ) & {mask} > \"$D/rank-$LOCAL_RANK\"; wait"
+    );
+    for (flags, moved) in [(&[][..], true), (&["--no-move-workers"][..], false)] {
+        let d = tempfile::tempdir().unwrap();
+        let mut args = vec!["-n", "2", "-q"];
+        args.extend_from_slice(flags);
+        args.extend(["--", "sh", "-c", &script]);
+        let out = Command::new(bin())
+            .arg("run")
+            .args(&args)
+            .env("D", d.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let read = |f: &str| {
+            std::fs::read_to_string(d.path().join(f))
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        assert_eq!(read("rank-0"), rank_cpus);
+        let want = if moved { &worker_cpus } else { &rank_cpus };
+        assert_eq!(&read("worker-0"), want, "flags {flags:?}");
+        if moved {
+            assert_ne!(worker_cpus, rank_cpus, "this machine's plan moves workers");
+        }
+    }
+}
