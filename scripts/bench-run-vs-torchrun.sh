@@ -4,15 +4,18 @@
 # several ways in alternating rounds, so that the machine's drift hits every
 # way alike. Prints each round's img/s and the medians with their ratio to
 # torchrun's default.
-#   scripts/bench-run-vs-torchrun.sh [ROUNDS] [STEPS]
+#   scripts/bench-run-vs-torchrun.sh [ROUNDS] [STEPS] [EXAMPLE OPTIONS...]
+# (e.g. `5 10 --width 16`: the ResNet-18 layout at width 16, ~115 img/s under
+# torchrun here, the setting of issue 10's figures).
 # Ways: torchrun's default (OMP_NUM_THREADS=1, unpinned, the script's own 2
 # workers); threads unlimited (OMP_NUM_THREADS=2: what torch picks on 2 cores
 # with nothing set); threadwise run's default; and grid points of run
-# (workers 0/1/4, policy none).
+# (workers 0/1/4, policy none). WAYS="torchrun run" picks some of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
 steps=${2:-10}
+shift $(( $# > 2 ? 2 : $# ))
 venv=${THREADWISE_VENV:-$HOME/.cache/threadwise-venv}
 if [ ! -x "$venv/bin/torchrun" ]; then
   python3 -m venv "$venv"
@@ -22,7 +25,7 @@ export PATH="$venv/bin:$PATH"
 cargo build --release -q
 tw=$PWD/target/release/threadwise
 ex=$PWD/examples/ddp_train.py
-args=(--steps "$steps" --warmup 3)
+args=(--steps "$steps" --warmup 3 "$@")
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -35,7 +38,7 @@ declare -A cmd=(
   [run-workers4]="$tw run -n 2 -q --workers 4 -- python $ex ${args[*]}"
   [run-policy-none]="$tw run -n 2 -q --policy none -- python $ex ${args[*]}"
 )
-order=(torchrun run unlimited run-workers0 run-workers1 run-workers4 run-policy-none)
+order=(${WAYS:-torchrun run unlimited run-workers0 run-workers1 run-workers4 run-policy-none})
 for r in $(seq 1 "$rounds"); do
   # Alternate the order each round: odd rounds forward, even rounds backward.
   if (( r % 2 == 0 )); then seq_=($(printf '%s\n' "${order[@]}" | tac)); else seq_=("${order[@]}"); fi

@@ -6,7 +6,7 @@
 # With a tune report of the PyTorch example (threadwise.tune/1 JSON, e.g. from
 #   threadwise tune -n 2 --export-json pt.json -- python examples/ddp_train.py)
 # as the first argument it also prints the PyTorch speed-up and the ratio.
-#   scripts/bench-workload.sh [PYTORCH_REPORT.json] [RUNS]
+#   [WORK_SECONDS=1.5] scripts/bench-workload.sh [PYTORCH_REPORT.json] [RUNS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pt=${1:-}
@@ -20,7 +20,7 @@ start=$(date +%s)
 for r in $(seq 1 "$runs"); do
   OMP_NUM_THREADS=1 THREADWISE_NUM_WORKERS=0 taskset -c 0 target/release/threadwise-workload --seconds 3 2>/dev/null \
     | grep -o 'throughput: [0-9.]*' | cut -d' ' -f2 >>"$out/probe"
-  target/release/threadwise tune -n 2 --runs 1 --strategy all --export-json "$out/w$r.json" >/dev/null 2>"$out/err" \
+  target/release/threadwise tune -n 2 --runs 1 --strategy all --work-seconds "${WORK_SECONDS:-1.5}" --export-json "$out/w$r.json" >/dev/null 2>"$out/err" \
     || { cat "$out/err"; exit 1; }
 done
 echo "built-in workload: $runs rounds of every configuration in $(( $(date +%s) - start )) s"
