@@ -16,13 +16,7 @@ cd "$(dirname "$0")/.."
 rounds=${1:-5}
 steps=${2:-10}
 shift $(( $# > 2 ? 2 : $# ))
-venv=${THREADWISE_VENV:-$HOME/.cache/threadwise-venv}
-if [ ! -x "$venv/bin/torchrun" ]; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q torch numpy
-fi
-export PATH="$venv/bin:$PATH"
-cargo build --release -q
+. scripts/torch-venv.sh
 tw=$PWD/target/release/threadwise
 ex=$PWD/examples/ddp_train.py
 args=(--steps "$steps" --warmup 3 "$@")

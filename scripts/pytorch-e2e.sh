@@ -7,13 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-30}
-venv=${THREADWISE_VENV:-$HOME/.cache/threadwise-venv}
-if [ ! -x "$venv/bin/torchrun" ]; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q torch numpy
-fi
-export PATH="$venv/bin:$PATH"
-cargo build --release -q
+. scripts/torch-venv.sh
 tw=$PWD/target/release/threadwise
 ex=$PWD/examples/ddp_train.py
 out=$(mktemp -d)

@@ -73,25 +73,11 @@ impl Placement {
 
 /// sched_setaffinity(0, words): the calling thread.
 pub fn set_affinity_raw(words: &[u64]) -> std::io::Result<()> {
-    if words.iter().all(|w| *w == 0) {
-        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    // SAFETY: words is valid for words.len() * 8 bytes, which is the size we pass.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_sched_setaffinity,
-            0,
-            words.len() * 8,
-            words.as_ptr(),
-        )
-    };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    set_task_affinity(0, words)
 }
 
-/// sched_setaffinity(tid, words): another thread's (or process's) mask.
+/// sched_setaffinity(tid, words): thread `tid`'s mask (0: the calling thread).
+/// Async-signal-safe: one syscall on memory prepared beforehand.
 pub fn set_task_affinity(tid: libc::pid_t, words: &[u64]) -> std::io::Result<()> {
     if words.iter().all(|w| *w == 0) {
         return Err(std::io::Error::from_raw_os_error(libc::EINVAL));

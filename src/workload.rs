@@ -27,6 +27,17 @@ pub fn activation_bytes(size: usize, batch: usize, layers: usize) -> u64 {
         .saturating_mul(layers as u64)
 }
 
+/// Floats as the little-endian bytes the workload's pipes and sockets carry.
+pub fn to_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Little-endian bytes back to floats (a trailing partial float is ignored).
+pub fn floats(raw: &[u8]) -> impl Iterator<Item = f32> + '_ {
+    raw.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+}
+
 /// One rank's place in the job, from the torchrun variables.
 #[derive(Debug, Clone)]
 pub struct Peer {
@@ -117,30 +128,29 @@ impl Group {
 
     /// Sum `buf` over all ranks in place; rank 0 also decides `stop` for all.
     pub fn all_reduce(&mut self, buf: &mut [f32], stop: bool) -> Result<bool, String> {
-        let bytes = |b: &[f32]| b.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         match self {
             Group::Alone => Ok(stop),
             Group::Root(streams) => {
                 let mut raw = vec![0u8; buf.len() * 4];
                 for s in streams.iter_mut() {
                     s.read_exact(&mut raw).map_err(|e| io(e, "receive"))?;
-                    for (x, c) in buf.iter_mut().zip(raw.chunks_exact(4)) {
-                        *x += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                    for (x, v) in buf.iter_mut().zip(floats(&raw)) {
+                        *x += v;
                     }
                 }
                 let mut msg = vec![u8::from(stop)];
-                msg.extend(bytes(buf));
+                msg.extend(to_bytes(buf));
                 for s in streams.iter_mut() {
                     s.write_all(&msg).map_err(|e| io(e, "send"))?;
                 }
                 Ok(stop)
             }
             Group::Member(s) => {
-                s.write_all(&bytes(buf)).map_err(|e| io(e, "send"))?;
+                s.write_all(&to_bytes(buf)).map_err(|e| io(e, "send"))?;
                 let mut msg = vec![0u8; 1 + buf.len() * 4];
                 s.read_exact(&mut msg).map_err(|e| io(e, "receive"))?;
-                for (x, c) in buf.iter_mut().zip(msg[1..].chunks_exact(4)) {
-                    *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                for (x, v) in buf.iter_mut().zip(floats(&msg[1..])) {
+                    *x = v;
                 }
                 Ok(msg[0] != 0)
             }

@@ -25,7 +25,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use threadwise::workload::{
-    Group, MAX_BATCH, MAX_BYTES, MAX_LAYERS, MAX_LOADER_WORK, MAX_SIZE, MAX_WORKERS, Peer,
+    Group, MAX_BATCH, MAX_BYTES, MAX_LAYERS, MAX_LOADER_WORK, MAX_SIZE, MAX_WORKERS, Peer, floats,
+    to_bytes,
 };
 
 unsafe extern "C" {
@@ -107,7 +108,6 @@ fn parse(argv: &[String]) -> Result<Args, String> {
             "--batch" => a.batch = value as usize,
             "--layers" => a.layers = value as usize,
             "--bucket-kib" => a.bucket_kib = value as usize,
-            "--grad-kib" => a.bucket_kib = value as usize,
             "--warmup" => a.warmup = value as usize,
             "--loader-work" => a.loader_work = value as usize,
             "--workers" => a.workers = Some(value as usize),
@@ -217,9 +217,8 @@ fn loader_worker(argv: &[String]) -> ! {
     let mut b = [0u8; 8];
     while input.read_exact(&mut b).is_ok() {
         let data = make_batch(u64::from_le_bytes(b), size, batch, work);
-        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
         if output
-            .write_all(&bytes)
+            .write_all(&to_bytes(&data))
             .and_then(|()| output.flush())
             .is_err()
         {
@@ -303,10 +302,7 @@ impl Loader {
                     .read_exact(&mut raw)
                     .map_err(|e| format!("a data-loader worker is gone: {e}"))?;
                 self.request(step + ahead, index + ahead * stride)?;
-                Ok(raw
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect())
+                Ok(floats(&raw).collect())
             }
         }
     }
@@ -385,7 +381,7 @@ fn model(a: &Args) -> Vec<Layer> {
 /// A fresh buffer of `n` floats for a kernel's output, allocated per step as
 /// PyTorch's CPU allocator hands out tensors (calloc: large ones are fresh
 /// pages, so the malloc in use matters as it does there).
-fn uninit(n: usize) -> Vec<f32> {
+fn buffer(n: usize) -> Vec<f32> {
     vec![0.0; n]
 }
 
@@ -476,12 +472,12 @@ fn main() {
         let mut acts: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = Vec::with_capacity(layers.len());
         let mut inputs: Vec<Option<Vec<f32>>> = Vec::with_capacity(layers.len());
         let mut first = Some(input);
-        let mut s_prev = a.size;
         for (i, l) in layers.iter().enumerate() {
+            let s_prev = if i == 0 { a.size } else { layers[i - 1].s };
             let mut own = first.take();
             if l.pool_before {
                 let x = own.as_deref().unwrap_or_else(|| &acts[i - 1].1);
-                let mut p = uninit(b * l.s * l.s * l.cin);
+                let mut p = buffer(b * l.s * l.s * l.cin);
                 // SAFETY: x holds b*s_prev^2*cin floats, p b*s^2*cin, s = s_prev/2.
                 unsafe { tw_pool2(x.as_ptr(), p.as_mut_ptr(), c(b), c(s_prev), c(l.cin)) };
                 own = Some(p);
@@ -489,8 +485,8 @@ fn main() {
             let x = own.as_deref().unwrap_or_else(|| &acts[i - 1].1);
             let pixels = b * l.s * l.s;
             let n = (pixels * l.cout) as i64;
-            let mut y = uninit(pixels * l.cout);
-            let mut act = uninit(pixels * l.cout);
+            let mut y = buffer(pixels * l.cout);
+            let mut act = buffer(pixels * l.cout);
             let (mut mean, mut inv) = (vec![0f32; l.cout], vec![0f32; l.cout]);
             // SAFETY: the buffers have the sizes the kernels index (pixels*cin,
             // 9*cin*cout, pixels*cout, cout) and cout <= the kernels' 1024.
@@ -522,7 +518,7 @@ fn main() {
             if l.residual {
                 // The block's input: the previous layer's input, same shape.
                 let r = inputs[i - 1].as_deref().unwrap_or_else(|| &acts[i - 2].1);
-                let mut z = uninit(pixels * l.cout);
+                let mut z = buffer(pixels * l.cout);
                 // SAFETY: y, r and z all hold pixels*cout floats.
                 unsafe {
                     tw_add(y.as_ptr(), r.as_ptr(), z.as_mut_ptr(), n);
@@ -534,7 +530,6 @@ fn main() {
             }
             inputs.push(own);
             acts.push((y, act, inv));
-            s_prev = l.s;
         }
         let x = &acts.last().expect("at least one layer").1;
         // The loss's gradient, made from the last activation.
@@ -553,7 +548,7 @@ fn main() {
             let input = inputs[i].as_ref().unwrap_or_else(|| &acts[i - 1].1);
             let pixels = b * l.s * l.s;
             let n = (pixels * l.cout) as i64;
-            let mut gw = uninit(9 * l.cin * l.cout);
+            let mut gw = buffer(9 * l.cin * l.cout);
             // SAFETY: as forward; g holds pixels*cout floats.
             unsafe { tw_relu_back(act.as_ptr(), g.as_mut_ptr(), n) };
             if l.residual {
@@ -591,8 +586,8 @@ fn main() {
             if i == 0 {
                 break;
             }
-            let mut wt = uninit(9 * l.cin * l.cout);
-            let mut gin = uninit(pixels * l.cin);
+            let mut wt = buffer(9 * l.cin * l.cout);
+            let mut gin = buffer(pixels * l.cin);
             // SAFETY: wt is the flipped 9*cin*cout kernel; gin holds pixels*cin.
             unsafe {
                 tw_flip(l.w.as_ptr(), wt.as_mut_ptr(), c(l.cin), c(l.cout));
@@ -606,16 +601,18 @@ fn main() {
                     c(l.cin),
                 );
             }
-            if !l.residual && i >= 1 && layers.get(i + 1).is_some_and(|next| next.residual) {
-                if let Some(r) = shortcut.take() {
-                    // SAFETY: this layer's input is the block's input: same shape as r.
-                    unsafe { tw_add(gin.as_ptr(), r.as_ptr(), gin.as_mut_ptr(), gin.len() as i64) };
-                }
+            // The first layer of a residual block (the one after it stashed
+            // the shortcut) takes the block's input: add the shortcut's gradient.
+            if !l.residual
+                && let Some(r) = shortcut.take()
+            {
+                // SAFETY: this layer's input is the block's input: same shape as r.
+                unsafe { tw_add(gin.as_ptr(), r.as_ptr(), gin.as_mut_ptr(), gin.len() as i64) };
             }
             g = gin;
             if l.pool_before {
                 let up = layers[i - 1].s;
-                let mut gp = uninit(b * up * up * l.cin);
+                let mut gp = buffer(b * up * up * l.cin);
                 // SAFETY: g holds b*s^2*cin floats, gp b*(2s)^2*cin.
                 unsafe { tw_pool2_back(g.as_ptr(), gp.as_mut_ptr(), c(b), c(up), c(l.cin)) };
                 g = gp;

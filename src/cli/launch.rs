@@ -76,11 +76,8 @@ fn dry_run(plan: &Plan, launches: &[RankLaunch], mover: bool) -> String {
                     .collect::<Vec<_>>()
             )
         ));
-        let workers = plan
-            .ranks
-            .get(l.local_rank)
-            .map(|r| r.worker_cpus.to_string());
-        if let (Some(_), Some(w)) = (&l.worker_mask, workers) {
+        let workers = plan.ranks.get(l.local_rank).map(|r| &r.worker_cpus);
+        if let Some(w) = workers.filter(|_| l.worker_mask.is_some()) {
             s.push_str(&if mover {
                 format!("  DataLoader workers: moved to CPUs {w} (checked every 100 ms)\n")
             } else {

@@ -134,7 +134,7 @@ fn l3_units(topo: &Topology, cores: &[Unit]) -> Vec<Unit> {
     units
 }
 
-fn distance(topo: &Topology, a: Option<usize>, b: Option<usize>) -> u64 {
+pub(super) fn distance(topo: &Topology, a: Option<usize>, b: Option<usize>) -> u64 {
     match (a, b, &topo.numa_distances) {
         (Some(a), Some(b), _) if a == b => 0,
         (Some(a), Some(b), Some(d)) => d.get(a, b).unwrap_or(u64::MAX / 2),
@@ -422,7 +422,7 @@ fn exclusive_units(
 }
 
 /// The package (index) a NUMA node's CPUs are in.
-fn package_of(topo: &Topology, node: Option<usize>) -> Option<usize> {
+pub(super) fn package_of(topo: &Topology, node: Option<usize>) -> Option<usize> {
     let n = topo.numa_nodes.iter().find(|x| Some(x.id) == node)?;
     topo.packages
         .iter()

@@ -140,9 +140,10 @@ pub fn size(
     } else if has_gpu && !spare.is_empty() && slice.bind {
         spare
     } else if !has_gpu && slice.bind && workers > 0 && req.profile == Profile::Auto {
-        let near = super::place::nodes_of(topo, &slice.cpus)
+        let near = topo
+            .numa_nodes
             .iter()
-            .filter_map(|id| topo.numa_nodes.iter().find(|n| n.id == *id))
+            .filter(|n| n.cpus.intersects(&slice.cpus))
             .fold(CpuSet::new(), |a, n| a.union(&n.cpus))
             .intersection(&topo.allowed_cpus);
         let near = if near.is_empty() {
@@ -185,24 +186,19 @@ fn capacity_note(topo: &Topology, slice: &Slice) -> String {
         .filter(|c| c.is_subset(&slice.efficiency))
         .count();
     let fast = slice.core_sets.len() - slow;
-    match best {
-        Some(best) if best > 0 && slice.core_sets.iter().all(|c| cap_of(c).is_some()) => {
-            let weight = |sets: &mut dyn Iterator<Item = &CpuSet>| -> f64 {
-                sets.map(|c| cap_of(c).unwrap_or(0) as f64 / best as f64)
-                    .sum()
-            };
-            let p = weight(
-                &mut slice
-                    .core_sets
-                    .iter()
-                    .filter(|c| !c.is_subset(&slice.efficiency)),
-            );
-            let e = weight(
-                &mut slice
-                    .core_sets
-                    .iter()
-                    .filter(|c| c.is_subset(&slice.efficiency)),
-            );
+    // The capacity of the rank's performance (false) or efficiency (true)
+    // cores in fastest-core units; None when a core shows none.
+    let weight = |efficient: bool| -> Option<f64> {
+        let best = best.filter(|b| *b > 0)? as f64;
+        slice
+            .core_sets
+            .iter()
+            .filter(|c| c.is_subset(&slice.efficiency) == efficient)
+            .map(|c| cap_of(c).map(|v| v as f64 / best))
+            .sum()
+    };
+    match (weight(false), weight(true)) {
+        (Some(p), Some(e)) => {
             format!(
                 "hybrid CPU: {fast} performance + {slow} efficiency core(s) = {:.1} fastest-core \
                  equivalents by capacity ({p:.1} + {e:.1}); compute threads follow the performance cores",

@@ -266,21 +266,13 @@ proptest! {
             }
             // Worker-only cores go to the nearest GPU ranks: same package
             // first, then NUMA distance.
+            use super::place::{distance, package_of};
             let node_of = |cpu: usize| t.numa_nodes.iter().find(|x| x.cpus.contains(cpu)).map(|x| x.id);
-            let pkg_of = |node: Option<usize>| {
-                let cpus = &t.numa_nodes.iter().find(|x| Some(x.id) == node)?.cpus;
-                t.packages.iter().position(|p| p.cpus.intersects(cpus))
-            };
-            let dist = |a: Option<usize>, b: Option<usize>| match (a, b, &t.numa_distances) {
-                (Some(a), Some(b), _) if a == b => 0,
-                (Some(a), Some(b), Some(d)) => d.get(a, b).unwrap_or(u64::MAX / 2),
-                _ => u64::MAX / 2,
-            };
             let home: Vec<Option<usize>> = (0..n).map(|i| t.gpus[i].numa_node).collect();
             for (i, rank) in p.ranks.iter().enumerate() {
                 for cpu in rank.worker_cpus.difference(&rank.cpus).iter() {
                     let m = node_of(cpu);
-                    let key = |r: usize| (pkg_of(home[r]) != pkg_of(m), dist(home[r], m));
+                    let key = |r: usize| (package_of(&t, home[r]) != package_of(&t, m), distance(&t, home[r], m));
                     let best = (0..n).map(key).min().unwrap();
                     prop_assert_eq!(key(i), best, "rank {} got CPU {} of node {:?} ({})", i, cpu, m, desc);
                 }
