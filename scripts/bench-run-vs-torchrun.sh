@@ -53,5 +53,10 @@ for w in order:
     vs = [float(v) for n, _, v in rows if n == w]
     print(f"| {w} | {med[w]:.1f} | {min(vs):.1f}-{max(vs):.1f} | {med[w] / med['torchrun']:.2f}x |")
 best = max(med, key=med.get)
-print(f"\nbest: {best} {med[best]:.1f}; run/best {med['run'] / med[best]:.2f}; run/unlimited {med['run'] / med['unlimited']:.2f}x")
+line = f"\nbest: {best} {med[best]:.1f}"
+if "run" in med:
+    line += f"; run/best {med['run'] / med[best]:.2f}"
+    if "unlimited" in med:
+        line += f"; run/unlimited {med['run'] / med['unlimited']:.2f}x"
+print(line)
 PY
