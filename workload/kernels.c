@@ -272,3 +272,4 @@ void tw_sgd(float *w, float *mom, const float *g, long n, float lr) {
 }
 
 int tw_max_threads(void) { return omp_get_max_threads(); }
+void tw_set_threads(int n) { omp_set_num_threads(n); }

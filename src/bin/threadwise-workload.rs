@@ -59,6 +59,7 @@ unsafe extern "C" {
     fn tw_pool2_back(gout: *const f32, gin: *mut f32, batch: i32, s: i32, c: i32);
     fn tw_sgd(w: *mut f32, mom: *mut f32, g: *const f32, n: i64, lr: f32);
     fn tw_max_threads() -> i32;
+    fn tw_set_threads(n: i32);
 }
 
 /// Channels of the first stage; each later stage doubles them.
@@ -412,6 +413,25 @@ fn c(n: usize) -> i32 {
     n as i32
 }
 
+/// PyTorch (measured on torch 2.15) takes OMP_NUM_THREADS only up to the
+/// machine's online CPUs: OMP_NUM_THREADS=4 on 2 CPUs gives 2 intra-op threads
+/// (an explicit torch.set_num_threads(4) gives 4). The workload does the same,
+/// so that `threads=4` means here what it means in a PyTorch script.
+fn cap_threads_like_torch() {
+    let asked = std::env::var("OMP_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.split(',').next()?.trim().parse::<i64>().ok());
+    // SAFETY: sysconf has no preconditions.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if let Some(n) = asked
+        && online > 0
+        && n > online
+    {
+        // SAFETY: omp_set_num_threads with a positive count.
+        unsafe { tw_set_threads(online as i32) };
+    }
+}
+
 fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     if argv.first().map(String::as_str) == Some("--loader-worker") {
@@ -437,6 +457,7 @@ fn main() {
     let mut loader = Loader::start(&a, workers, peer.rank as u64, stride)
         .unwrap_or_else(|e| fail(3, format!("rank {}: {e}", peer.rank)));
     let mut layers = model(&a);
+    cap_threads_like_torch();
     // SAFETY: a C function without arguments.
     let threads = unsafe { tw_max_threads() };
     threadwise::say!(

@@ -26,6 +26,9 @@ pub const THREAD_VARS: &[&str] = &[
 
 pub use crate::host::find_allocators;
 
+/// The jemalloc options a plan sets with `allocator=jemalloc`.
+pub const JEMALLOC_CONF: &str = "metadata_thp:auto,dirty_decay_ms:-1,muzzy_decay_ms:-1";
+
 /// Pick the allocator the request names among those that exist.
 pub fn choose_allocator(
     req: &PlanRequest,
@@ -115,10 +118,14 @@ pub fn rank_env(
     if let Some(a) = allocator {
         set("LD_PRELOAD", a.path.clone());
         if a.kind == AllocatorKind::Jemalloc {
-            set(
-                "MALLOC_CONF",
-                "background_thread:true,metadata_thp:auto".into(),
-            );
+            // Keep freed pages for reuse, as glibc and tcmalloc do with a
+            // training step's allocations: jemalloc's default decay (and its
+            // immediate purge of blocks over 8 MiB) hands them back to the
+            // kernel, and every step faults them in again. Measured on the
+            // PyTorch example: 1.67M minor faults per rank with
+            // background_thread:true,metadata_thp:auto (what torch's run_cpu
+            // sets, oversize_threshold:1 or not), 0.18M with the decay off.
+            set("MALLOC_CONF", JEMALLOC_CONF.into());
         }
     }
     env

@@ -47,7 +47,19 @@ pub struct TrialOutcome {
 /// Runs one configuration once, applying `metric` to the output as it streams.
 pub trait TrialRunner {
     fn run(&mut self, config: &TuneConfig, metric: &Metric) -> TrialOutcome;
+    /// What a configuration launches (environment, CPU and memory placement,
+    /// argv of every rank), so that two configurations which launch the same
+    /// thing are measured once. None: unknown, never merged.
+    fn launch_key(&self, _config: &TuneConfig) -> Option<String> {
+        None
+    }
 }
+
+/// The default search drops, after its first measured round, a configuration
+/// whose trial is below this fraction of the round's best: a factor of two is
+/// more than one trial moved between rounds in any measurement behind the
+/// README (1.5 at most).
+pub const FIRST_ROUND_CUT: f64 = 0.5;
 
 /// How one trial ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -180,6 +192,10 @@ pub struct ConfigResult {
     pub indistinguishable_from_winner: bool,
     /// Dropped by --strategy halving after this round.
     pub dropped_after_round: Option<usize>,
+    /// Other configurations that launch exactly as this one (same environment,
+    /// placement and argv for every rank): measured once, under this name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub same_launch: Vec<String>,
     /// Where its throughput was read: the latest scored trial's line.
     #[serde(default)]
     pub read_from: Option<metric::Hit>,
@@ -279,6 +295,7 @@ impl ConfigResult {
             gpu_mem_mib: None,
             indistinguishable_from_winner: false,
             dropped_after_round: None,
+            same_launch: vec![],
             read_from: None,
             slow_first_trial: false,
             trials: vec![],
@@ -454,6 +471,47 @@ pub fn finish(report: &mut TuneReport) {
     }
 }
 
+/// After one measured round: configurations (not the baseline, which every
+/// speed-up needs) whose trial is below FIRST_ROUND_CUT of the best trial.
+fn far_behind(report: &TuneReport, active: &[usize]) -> Vec<usize> {
+    let value = |i: usize| report.configs[i].throughput.map(|t| t.median);
+    let Some(best) = active.iter().filter_map(|&i| value(i)).reduce(f64::max) else {
+        return vec![];
+    };
+    active
+        .iter()
+        .copied()
+        .filter(|&i| report.baseline.as_deref() != Some(report.configs[i].name.as_str()))
+        .filter(|&i| value(i).is_some_and(|v| v < FIRST_ROUND_CUT * best))
+        .collect()
+}
+
+/// Configurations that launch exactly as an earlier one are left out; the
+/// earlier one lists their names (and takes over the axis of a default-search
+/// row, so the combination still sees it).
+fn merge_same_launch(
+    configs: &[TuneConfig],
+    runner: &dyn TrialRunner,
+) -> (Vec<TuneConfig>, Vec<Vec<String>>) {
+    let mut kept: Vec<(Option<String>, TuneConfig, Vec<String>)> = vec![];
+    for c in configs {
+        let key = runner.launch_key(c);
+        let same = key
+            .as_ref()
+            .and_then(|k| kept.iter_mut().find(|(kk, _, _)| kk.as_ref() == Some(k)));
+        match same {
+            Some((_, first, names)) => {
+                names.push(c.name.clone());
+                if first.axis.is_none() {
+                    first.axis = c.axis.clone();
+                }
+            }
+            None => kept.push((key, c.clone(), vec![])),
+        }
+    }
+    kept.into_iter().map(|(_, c, n)| (c, n)).unzip()
+}
+
 /// Configurations clearly worse than the best: their best trial is below the
 /// best configuration's worst.
 fn clearly_worse(report: &TuneReport, active: &[usize]) -> Vec<usize> {
@@ -552,11 +610,13 @@ impl Session<'_> {
     }
 
     /// The default search's combination: every axis value whose median beat
-    /// the plan's, the best per key; added as one more configuration.
+    /// the plan's, the best per key; added as one more configuration unless
+    /// it launches as one already measured.
     fn combine(
         &mut self,
         base: &crate::plan::PlanRequest,
         active: &mut Vec<usize>,
+        runner: &dyn TrialRunner,
     ) -> Option<usize> {
         let r = &self.report;
         let plan = r.configs.iter().find(|c| c.name == "plan")?.throughput?;
@@ -575,11 +635,12 @@ impl Session<'_> {
         better.sort_by(|a, b| b.0.total_cmp(&a.0));
         let axes: Vec<(String, String)> = better.into_iter().map(|(_, a)| a).collect();
         let c = grid::combined(base, &axes)?;
-        if self
-            .configs
-            .iter()
-            .any(|x| x.name == c.name || x.request == c.request)
-        {
+        let key = runner.launch_key(&c);
+        if self.configs.iter().any(|x| {
+            x.name == c.name
+                || x.request == c.request
+                || (key.is_some() && runner.launch_key(x) == key)
+        }) {
             return None;
         }
         self.report
@@ -615,9 +676,14 @@ pub fn tune(
     runner: &mut dyn TrialRunner,
     on_event: &mut dyn FnMut(Event),
 ) -> TuneReport {
+    let (configs, same) = merge_same_launch(configs, runner);
     report.configs = configs
         .iter()
-        .map(|c| ConfigResult::new(&c.name, describe(c)))
+        .zip(same)
+        .map(|(c, same)| ConfigResult {
+            same_launch: same,
+            ..ConfigResult::new(&c.name, describe(c))
+        })
         .collect();
     report.baseline = configs
         .iter()
@@ -633,7 +699,7 @@ pub fn tune(
         s => s == Strategy::Halving,
     };
     let mut s = Session {
-        configs: configs.to_vec(),
+        configs: configs.clone(),
         opts,
         report,
         mode: None,
@@ -644,7 +710,15 @@ pub fn tune(
         if !s.round(&active.clone(), round, runner, on_event) {
             return s.report;
         }
-        // Halving judges from the second measured round: one trial is no range.
+        // One trial is no range: after the first measured round halving only
+        // drops what is far behind; from the second, what is clearly worse.
+        if round == opts.warmup && halving && round + 1 < opts.warmup + opts.runs {
+            let far = far_behind(&s.report, &active);
+            for &i in &far {
+                s.report.configs[i].dropped_after_round = Some(0);
+            }
+            active.retain(|i| !far.contains(i));
+        }
         if round == opts.warmup + 1 {
             if halving && round + 1 < opts.warmup + opts.runs {
                 let worse = clearly_worse(&s.report, &active);
@@ -654,7 +728,7 @@ pub fn tune(
                 active.retain(|i| !worse.contains(i));
             }
             if let Some(base) = &opts.combine {
-                late = s.combine(base, &mut active);
+                late = s.combine(base, &mut active, &*runner);
                 if late.is_some() {
                     total += opts.runs;
                     on_event(Event::Start { total });

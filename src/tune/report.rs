@@ -67,7 +67,7 @@ fn row(r: &TuneReport, c: &ConfigResult) -> Vec<String> {
 }
 
 /// Dropped configurations, failed trials with their stderr, warnings, the winner.
-fn notes(r: &TuneReport) -> String {
+pub(super) fn notes(r: &TuneReport) -> String {
     let mut out = String::new();
     for c in &r.configs {
         if let Some(round) = c.dropped_after_round {
@@ -78,9 +78,24 @@ fn notes(r: &TuneReport) -> String {
             } else {
                 ""
             };
+            let why = if round == 0 {
+                format!(
+                    "its trial was below {:.0}% of the round's best",
+                    super::FIRST_ROUND_CUT * 100.0
+                )
+            } else {
+                "its best trial was below the leader's worst then".to_string()
+            };
             out.push_str(&format!(
-                "{}: dropped after round {round}: its best trial was below the leader's worst then{now}\n",
+                "{}: dropped after round {round}: {why}{now}\n",
                 c.name
+            ));
+        }
+        if !c.same_launch.is_empty() {
+            out.push_str(&format!(
+                "{}: launches exactly as {} (every rank's environment, CPUs, memory and argv): measured once\n",
+                c.name,
+                c.same_launch.join(", ")
             ));
         }
         if c.slow_first_trial {

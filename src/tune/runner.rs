@@ -10,7 +10,7 @@ use super::metric::{Hit, Metric};
 use super::{TrialOutcome, TuneConfig};
 use crate::launch::output::{LineSink, OutputOptions};
 use crate::launch::supervise::{self, RunOptions};
-use crate::launch::{check_placements, node_launches};
+use crate::launch::{check_placements, node_launches, plan_launches};
 use crate::measure::gpu::GpuSampler;
 use crate::plan::{Facts, plan};
 use crate::topology::Topology;
@@ -38,6 +38,21 @@ impl Runner {
 }
 
 impl super::TrialRunner for Runner {
+    fn launch_key(&self, c: &TuneConfig) -> Option<String> {
+        let mut p = plan(&self.topology, &c.request, &self.facts).ok()?;
+        if c.unset_threads {
+            p.unset_threads();
+        }
+        // A fixed job: the port and run id differ between any two launches.
+        let job = crate::launch::env::Job {
+            nproc: p.nproc,
+            master_addr: "127.0.0.1".into(),
+            master_port: 0,
+            run_id: String::new(),
+        };
+        Some(format!("{:?}", plan_launches(&p, &self.argv, &job)))
+    }
+
     fn run(&mut self, c: &TuneConfig, metric: &Metric) -> TrialOutcome {
         let launches = match self.launches(c) {
             Ok(l) => l,

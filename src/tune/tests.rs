@@ -8,9 +8,15 @@ struct Fake {
     rates: HashMap<String, Vec<f64>>,
     calls: Vec<String>,
     interrupt_at: Option<usize>,
+    /// What each configuration launches (launch_key); absent: unknown.
+    keys: HashMap<String, String>,
 }
 
 impl TrialRunner for Fake {
+    fn launch_key(&self, c: &TuneConfig) -> Option<String> {
+        self.keys.get(&c.name).cloned()
+    }
+
     fn run(&mut self, c: &TuneConfig, metric: &Metric) -> TrialOutcome {
         self.calls.push(c.name.clone());
         if Some(self.calls.len()) == self.interrupt_at {
@@ -73,6 +79,7 @@ fn fake(rates: &[(&str, &[f64])]) -> Fake {
             .collect(),
         calls: vec![],
         interrupt_at: None,
+        keys: HashMap::new(),
     }
 }
 
@@ -255,6 +262,30 @@ fn outliers_and_a_slow_first_trial_are_marked() {
     );
 }
 
+/// The default search's shape: `rows`, then one `plan key=value` row per axis,
+/// 3 runs each, combining what beat the plan.
+fn default_search(f: &mut Fake, rows: &[&str], axes: &[(&str, &str)]) -> TuneReport {
+    let base = PlanRequest::default();
+    let mut cs = configs(rows);
+    for (k, v) in axes {
+        let mut c =
+            grid::from_words(&format!("plan {k}={v}"), &base, &[&format!("{k}={v}")]).unwrap();
+        c.axis = Some((k.to_string(), v.to_string()));
+        cs.push(c);
+    }
+    let o = TuneOptions {
+        combine: Some(base),
+        ..opts(3, 0, Strategy::All)
+    };
+    tune(
+        &cs,
+        new_report(vec![], 1, "x".into(), 2.0),
+        &o,
+        f,
+        &mut |_| {},
+    )
+}
+
 #[test]
 fn the_default_search_combines_what_beat_the_plan() {
     let mut f = fake(&[
@@ -265,24 +296,10 @@ fn the_default_search_combines_what_beat_the_plan() {
         ("plan policy=none", &[9.0, 9.0, 9.0, 9.0]),
         ("plan workers=0 wait=passive", &[13.0, 13.1, 12.9]),
     ]);
-    let base = PlanRequest::default();
-    let mut cs = configs(&["unset", "plan"]);
-    for (k, v) in [("workers", "0"), ("wait", "passive"), ("policy", "none")] {
-        let mut c =
-            grid::from_words(&format!("plan {k}={v}"), &base, &[&format!("{k}={v}")]).unwrap();
-        c.axis = Some((k.into(), v.into()));
-        cs.push(c);
-    }
-    let o = TuneOptions {
-        combine: Some(base),
-        ..opts(3, 0, Strategy::All)
-    };
-    let r = tune(
-        &cs,
-        new_report(vec![], 1, "x".into(), 2.0),
-        &o,
+    let r = default_search(
         &mut f,
-        &mut |_| {},
+        &["unset", "plan"],
+        &[("workers", "0"), ("wait", "passive"), ("policy", "none")],
     );
     let combined = r
         .configs
@@ -294,4 +311,97 @@ fn the_default_search_combines_what_beat_the_plan() {
     assert!(r.complete);
     // policy=none lost to the plan: it is not in the combination.
     assert!(!combined.options.contains("policy none"));
+}
+
+#[test]
+fn halving_drops_what_is_far_behind_after_one_round_but_never_the_baseline() {
+    let mut f = fake(&[
+        ("unset", &[3.0, 3.0, 3.0]),
+        ("plan", &[10.0, 10.0, 10.0]),
+        ("half", &[4.9, 10.0, 10.0]),
+        ("close", &[5.1, 10.0, 10.0]),
+    ]);
+    let r = tune(
+        &configs(&["unset", "plan", "half", "close"]),
+        new_report(vec![], 1, "x".into(), 2.0),
+        &opts(3, 0, Strategy::Halving),
+        &mut f,
+        &mut |_| {},
+    );
+    let calls = |n: &str| f.calls.iter().filter(|c| *c == n).count();
+    assert_eq!(calls("half"), 1, "below half of the round's best");
+    assert_eq!(r.configs[2].dropped_after_round, Some(0));
+    assert_eq!(calls("close"), 3, "above half: kept, and not worse later");
+    assert_eq!(calls("unset"), 2, "the baseline is judged on two trials");
+    assert_eq!(r.configs[0].dropped_after_round, Some(1));
+    let notes = report::notes(&r);
+    assert!(
+        notes.contains("half: dropped after round 0: its trial was below 50% of the round's best"),
+        "{notes}"
+    );
+    // --strategy all keeps everything.
+    let mut f = fake(&[
+        ("unset", &[3.0, 3.0]),
+        ("plan", &[10.0, 10.0]),
+        ("half", &[4.0, 4.0]),
+    ]);
+    let r = tune(
+        &configs(&["unset", "plan", "half"]),
+        new_report(vec![], 1, "x".into(), 2.0),
+        &opts(2, 0, Strategy::All),
+        &mut f,
+        &mut |_| {},
+    );
+    assert!(
+        r.configs
+            .iter()
+            .all(|c| c.dropped_after_round.is_none() && c.trials.len() == 2)
+    );
+}
+
+#[test]
+fn configurations_that_launch_the_same_are_measured_once() {
+    let mut f = fake(&[
+        ("unset", &[5.0, 5.0, 5.0]),
+        ("threads=1", &[12.0, 12.0, 12.0]),
+        ("plan", &[10.0, 10.0, 10.0]),
+        ("plan workers=0", &[11.0, 11.0, 11.0]),
+        ("plan policy=none", &[]),
+        ("plan policy=none workers=0", &[]),
+    ]);
+    for (n, k) in [
+        ("unset", "a"),
+        ("threads=1", "b"),
+        ("plan", "c"),
+        ("plan workers=0", "d"),
+        ("plan policy=none", "b"),
+        ("plan policy=none workers=0", "d"),
+    ] {
+        f.keys.insert(n.into(), k.into());
+    }
+    let r = default_search(
+        &mut f,
+        &["unset", "threads=1", "plan"],
+        &[("workers", "0"), ("policy", "none")],
+    );
+    assert!(
+        !f.calls.iter().any(|c| c == "plan policy=none"),
+        "{:?}",
+        f.calls
+    );
+    let t1 = r.configs.iter().find(|c| c.name == "threads=1").unwrap();
+    assert_eq!(t1.same_launch, ["plan policy=none"]);
+    assert_eq!(t1.trials.len(), 3);
+    assert!(!r.configs.iter().any(|c| c.name == "plan policy=none"));
+    // threads=1 carried policy=none's axis: the combination was formed, but it
+    // launches as `plan workers=0` would with policy none ("d"), here the same
+    // as a measured row, so it is not run again.
+    assert!(
+        !f.calls
+            .iter()
+            .any(|c| c.contains("workers=0 policy=none") || c.contains("policy=none workers=0")),
+        "{:?}",
+        f.calls
+    );
+    assert!(report::notes(&r).contains("threads=1: launches exactly as plan policy=none"));
 }

@@ -82,8 +82,8 @@ fn printed_srun_line_runs_under_real_srun() {
     assert_eq!(
         lines,
         [
-            "0 background_thread:true,metadata_thp:auto 0",
-            "1 background_thread:true,metadata_thp:auto 1"
+            "0 metadata_thp:auto,dirty_decay_ms:-1,muzzy_decay_ms:-1 0",
+            "1 metadata_thp:auto,dirty_decay_ms:-1,muzzy_decay_ms:-1 1"
         ],
         "{text}"
     );
