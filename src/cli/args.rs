@@ -406,8 +406,9 @@ pub struct TuneCmd {
     /// Unmeasured runs per configuration first
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000).map(|v| v as usize))]
     pub warmup: usize,
-    /// all: every configuration every round; halving: after the second round,
-    /// drop configurations whose best trial is below the best one's worst;
+    /// all: every configuration every round; halving: after the first round,
+    /// drop configurations below half of the round's best (never unset), after
+    /// the second, those whose best trial is below the best one's worst;
     /// auto: halving when there are more than 8 configurations
     #[arg(long, value_enum, default_value_t = Strategy::Auto)]
     pub strategy: Strategy,

@@ -343,6 +343,17 @@ fn preload_problem(sys: &dyn Sys, entry: &str) -> Option<String> {
     (e_type != 3).then(|| "an ELF file, but not a shared object".into())
 }
 
+/// Whether jemalloc options keep freed pages for reuse: dirty pages are never
+/// purged (`dirty_decay_ms:-1`) or only after a minute or more.
+fn jemalloc_keeps_pages(conf: &str) -> bool {
+    conf.split(',').any(|opt| {
+        opt.trim()
+            .strip_prefix("dirty_decay_ms:")
+            .and_then(|v| v.parse::<i64>().ok())
+            .is_some_and(|ms| ms == -1 || ms >= 60_000)
+    })
+}
+
 pub fn allocator(sys: &dyn Sys, out: &mut Vec<Finding>) {
     if let Some(pre) = sys.env("LD_PRELOAD") {
         for entry in pre.split([' ', ':']).filter(|e| !e.is_empty()) {
@@ -362,6 +373,34 @@ pub fn allocator(sys: &dyn Sys, out: &mut Vec<Finding>) {
                 );
             }
         }
+    }
+    if let Some(entry) = sys.env("LD_PRELOAD").and_then(|pre| {
+        pre.split([' ', ':'])
+            .find(|e| {
+                e.rsplit('/')
+                    .next()
+                    .is_some_and(|f| f.starts_with("libjemalloc"))
+            })
+            .map(str::to_string)
+    }) && !jemalloc_keeps_pages(sys.env("MALLOC_CONF").as_deref().unwrap_or(""))
+    {
+        out.push(
+            Finding::new(
+                "allocator.jemalloc-decay",
+                Area::Allocator,
+                Severity::Warn,
+                "jemalloc hands freed pages back to the kernel, so every training step faults them in \
+                 again (PyTorch example here: 1.67M minor faults per rank instead of 0.18M, about 25% slower)",
+            )
+            .evidence(format!(
+                "LD_PRELOAD={entry}, MALLOC_CONF={}",
+                sys.env("MALLOC_CONF").unwrap_or_else(|| "(unset)".into())
+            ))
+            .fix(format!(
+                "export MALLOC_CONF={}   # or threadwise run --allocator jemalloc -- CMD",
+                crate::plan::JEMALLOC_CONF
+            )),
+        );
     }
     let s = sys.allocators();
     if s.found.is_empty() {

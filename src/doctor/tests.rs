@@ -353,6 +353,32 @@ fn cases() -> Vec<Case> {
             }),
         ),
         (
+            "allocator.jemalloc-decay",
+            // What torch's run_cpu sets: the pages still go back.
+            Box::new(|| {
+                (
+                    base()
+                        .var("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+                        .var(
+                            "MALLOC_CONF",
+                            "oversize_threshold:1,background_thread:true,metadata_thp:auto",
+                        ),
+                    topo("core:4"),
+                    n(1),
+                )
+            }),
+            Severity::Warn,
+            Box::new(|| {
+                (
+                    base()
+                        .var("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+                        .var("MALLOC_CONF", crate::plan::JEMALLOC_CONF),
+                    topo("core:4"),
+                    n(1),
+                )
+            }),
+        ),
+        (
             "allocator.installed",
             Box::new(|| (base(), topo("core:4"), n(1))),
             Severity::Info,
