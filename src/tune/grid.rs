@@ -255,7 +255,6 @@ pub fn parse_config(base: &PlanRequest, text: &str) -> Result<TuneConfig, GridEr
     from_words(name, base, &words)
 }
 
-/// Refuse two configurations with one name (the reports key on names).
 /// Refuse two configurations of one name; drop a later one that measures
 /// exactly what an earlier one does (`--grid threads=unset` is the baseline).
 pub fn dedupe(v: Vec<TuneConfig>) -> Result<Vec<TuneConfig>, GridError> {

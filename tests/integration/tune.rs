@@ -454,3 +454,51 @@ fn trials_without_a_metric_are_counted_not_scored() {
     assert_eq!(r["metric"], "output");
     assert_eq!(r["unit"], "samples/s");
 }
+
+#[test]
+fn configurations_that_launch_alike_run_once() {
+    // `threads=auto` and the count it resolves to here are two requests and
+    // one launch: measured once, under the first name.
+    let plan = Command::new(bin())
+        .args(["plan", "-n", "1", "--format", "json"])
+        .output()
+        .unwrap();
+    let p: Value = serde_json::from_slice(&plan.stdout).unwrap();
+    let auto = p["ranks"][0]["threads"].as_u64().unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let (calls, j) = (d.path().join("calls"), d.path().join("r.json"));
+    let out = Command::new(bin())
+        .args(["tune", "-n", "1", "--runs", "2", "--grid"])
+        .arg(format!("threads=auto,{auto},{}", auto + 1))
+        .arg("--export-json")
+        .arg(&j)
+        .args(["--", "sh", "-c"])
+        .arg(format!(
+            "echo \"$OMP_NUM_THREADS\" >> {}; echo '5 img/s'",
+            calls.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r = json(&j);
+    let names: Vec<&str> = r["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    let (first, again) = ("threads=auto".to_string(), format!("threads={auto}"));
+    assert_eq!(
+        names,
+        ["unset", first.as_str(), &format!("threads={}", auto + 1)]
+    );
+    assert_eq!(r["configs"][1]["same_launch"], serde_json::json!([again]));
+    // unset, auto and auto+1, two runs each: six launches, not eight.
+    let launched = std::fs::read_to_string(&calls).unwrap();
+    assert_eq!(launched.lines().count(), 6, "{launched}");
+    assert!(
+        text(&out.stdout).contains(&format!("threads=auto: launches exactly as {again}")),
+        "{}",
+        text(&out.stdout)
+    );
+}
