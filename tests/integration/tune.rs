@@ -18,6 +18,16 @@ fn json(path: &std::path::Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
+/// The configurations' names, in report order.
+fn names(r: &Value) -> Vec<&str> {
+    r["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect()
+}
+
 /// Every configuration present, medians within min-max, the winner the best median.
 fn assert_consistent(r: &Value) {
     let configs = r["configs"].as_array().unwrap();
@@ -75,12 +85,7 @@ fn builtin_workload_report_is_complete_and_consistent() {
     assert_eq!(r["complete"], true);
     assert_eq!(r["unit"], "samples/s");
     assert_eq!(r["baseline"], "unset");
-    let names: Vec<&str> = r["configs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
+    let names = names(&r);
     for want in [
         "unset",
         "threads=4",
@@ -481,12 +486,7 @@ fn configurations_that_launch_alike_run_once() {
         .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     let r = json(&j);
-    let names: Vec<&str> = r["configs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
+    let names = names(&r);
     let (first, again) = ("threads=auto".to_string(), format!("threads={auto}"));
     assert_eq!(
         names,
