@@ -24,9 +24,15 @@ impl ReportExporter for Markdown {
                 m => m.name(),
             };
             let [speedup, cpu, gpu, mem, cs] = report::metric_cells(c, "");
+            // Configurations measured under this one's name (same launch).
+            let name = if c.same_launch.is_empty() {
+                c.name.clone()
+            } else {
+                format!("{} (= {})", c.name, c.same_launch.join(", "))
+            };
             out.push_str(&format!(
                 "| {} | {} | {} | {speedup} | {cpu} | {gpu} | {mem} | {cs} | {mark} |\n",
-                cell(&c.name),
+                cell(&name),
                 report::opt(c.throughput.map(|s| s.median), |v| format!("{v:.1}")),
                 c.throughput
                     .map_or("-".into(), |s| format!("{:.1}-{:.1}", s.min, s.max)),

@@ -34,7 +34,10 @@ pub fn sample() -> TuneReport {
     r.runs = 3;
     r.configs = vec![
         config("unset", &[1500.0, 1540.0, 1600.0]),
-        config("threads=1", &[7400.0, 7500.0, 7600.0]),
+        ConfigResult {
+            same_launch: vec!["plan policy=none".into()],
+            ..config("threads=1", &[7400.0, 7500.0, 7600.0])
+        },
         config("plan", &[7450.0, 7550.0, 7700.0]),
     ];
     r.baseline = Some("unset".into());
