@@ -408,7 +408,8 @@ pub struct TuneCmd {
     pub warmup: usize,
     /// all: every configuration every round; halving: after the first round,
     /// drop configurations below half of the round's best (never unset), after
-    /// the second, those whose best trial is below the best one's worst;
+    /// the second, those whose best trial is below the best one's worst and
+    /// whose median is more than 20% below its median;
     /// auto: halving when there are more than 8 configurations
     #[arg(long, value_enum, default_value_t = Strategy::Auto)]
     pub strategy: Strategy,

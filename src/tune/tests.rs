@@ -405,3 +405,74 @@ fn configurations_that_launch_the_same_are_measured_once() {
     );
     assert!(report::notes(&r).contains("threads=1: launches exactly as plan policy=none"));
 }
+
+#[test]
+fn halving_keeps_a_close_config_whose_two_trials_do_not_overlap() {
+    // 9.5-9.8 against 10-10.5: no overlap, but 5% apart, well within what
+    // two trials of one configuration spread here.
+    let mut f = fake(&[
+        ("unset", &[5.0, 5.0, 5.0]),
+        ("plan", &[10.0, 10.5, 10.0]),
+        ("close", &[9.5, 9.8, 10.6]),
+    ]);
+    let r = tune(
+        &configs(&["unset", "plan", "close"]),
+        new_report(vec![], 1, "x".into(), 2.0),
+        &opts(3, 0, Strategy::Halving),
+        &mut f,
+        &mut |_| {},
+    );
+    assert_eq!(r.configs[2].dropped_after_round, None);
+    assert_eq!(r.configs[2].trials.len(), 3);
+    assert_eq!(
+        r.configs[0].dropped_after_round,
+        Some(1),
+        "5 is < 80% of 10"
+    );
+}
+
+#[test]
+fn a_dropped_config_never_wins() {
+    // `b` loses on two trials each (7.9: below 10 and under 80% of it); then
+    // the machine slows and the survivors' later trials fall below `b`'s old
+    // median, which is no reason to pick it.
+    let mut f = fake(&[
+        ("unset", &[2.0, 2.0]),
+        ("a", &[10.0, 10.0, 5.0, 5.0, 5.0]),
+        ("b", &[7.9, 7.9]),
+        ("c", &[9.5, 9.6, 5.0, 5.0, 5.0]),
+    ]);
+    let r = tune(
+        &configs(&["unset", "a", "b", "c"]),
+        new_report(vec![], 1, "x".into(), 2.0),
+        &opts(5, 0, Strategy::Halving),
+        &mut f,
+        &mut |_| {},
+    );
+    assert_eq!(r.configs[2].dropped_after_round, Some(1));
+    assert_eq!(r.configs[1].trials.len(), 5);
+    assert!(
+        matches!(r.winner.as_deref(), Some("a" | "c")),
+        "{:?}",
+        r.winner
+    );
+}
+
+#[test]
+fn a_lone_survivor_gets_no_rounds_alone() {
+    let mut f = fake(&[
+        ("unset", &[2.0, 2.0]),
+        ("a", &[10.0, 10.0, 10.0, 10.0, 10.0]),
+        ("b", &[7.9, 7.9]),
+    ]);
+    let r = tune(
+        &configs(&["unset", "a", "b"]),
+        new_report(vec![], 1, "x".into(), 2.0),
+        &opts(5, 0, Strategy::Halving),
+        &mut f,
+        &mut |_| {},
+    );
+    assert_eq!(r.configs[1].trials.len(), 2, "{:?}", f.calls);
+    assert_eq!(r.winner.as_deref(), Some("a"));
+    assert!(r.complete);
+}
