@@ -54,6 +54,21 @@ pub fn extract_dump(dir: &std::path::Path, name: &str) -> PathBuf {
     root
 }
 
+/// Start `c` with SIGINT and SIGQUIT at their defaults, as from a terminal: a
+/// test runner started with `cmd &` from a script inherits them ignored, and
+/// threadwise (rightly) keeps an ignored signal ignored.
+pub fn default_signals(c: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: signal() is async-signal-safe; nothing else runs before exec.
+    unsafe {
+        c.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+}
+
 /// The stdout of a command that must have succeeded (its stderr otherwise).
 pub fn stdout_ok(out: std::process::Output) -> String {
     assert!(

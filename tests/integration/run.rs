@@ -47,10 +47,11 @@ pub fn survivors(marker: &str) -> Vec<String> {
 }
 
 /// `threadwise run ARGS -- bash -c SCRIPT` in the background, output discarded
-/// unless asked for.
+/// unless asked for, with SIGINT and SIGQUIT at their defaults.
 pub fn spawn_run(args: &[&str], script: &str, stderr: Stdio) -> std::process::Child {
-    Command::new(bin())
-        .arg("run")
+    let mut c = Command::new(bin());
+    super::default_signals(&mut c);
+    c.arg("run")
         .args(args)
         .args(["--", "bash", "-c", script])
         .stdout(Stdio::null())

@@ -237,7 +237,9 @@ fn winner_plan_goes_to_run() {
 fn interrupted_tune_leaves_valid_partial_files() {
     let d = tempfile::tempdir().unwrap();
     let (j, c) = (d.path().join("r.json"), d.path().join("r.csv"));
-    let child = Command::new(bin())
+    let mut cmd = Command::new(bin());
+    super::default_signals(&mut cmd);
+    let child = cmd
         .args([
             "tune",
             "-n",
