@@ -723,6 +723,14 @@ pub fn tune(
         // Halving left one configuration (and no combination came): nothing
         // to compare it with, so no more rounds.
         if active.len() < 2 && active.len() < s.configs.len() && round > opts.warmup + 1 {
+            total = s
+                .report
+                .configs
+                .iter()
+                .map(|c| c.trials.len())
+                .sum::<usize>()
+                + opts.warmup * s.configs.len();
+            on_event(Event::Start { total });
             break;
         }
         if !s.round(&active.clone(), round, runner, on_event) {

@@ -465,14 +465,24 @@ fn a_lone_survivor_gets_no_rounds_alone() {
         ("a", &[10.0, 10.0, 10.0, 10.0, 10.0]),
         ("b", &[7.9, 7.9]),
     ]);
+    let mut total = 0;
     let r = tune(
         &configs(&["unset", "a", "b"]),
         new_report(vec![], 1, "x".into(), 2.0),
         &opts(5, 0, Strategy::Halving),
         &mut f,
-        &mut |_| {},
+        &mut |e| {
+            if let Event::Start { total: t } = e {
+                total = t
+            }
+        },
     );
     assert_eq!(r.configs[1].trials.len(), 2, "{:?}", f.calls);
+    assert_eq!(
+        total,
+        f.calls.len(),
+        "the progress bar's total ends at what ran"
+    );
     assert_eq!(r.winner.as_deref(), Some("a"));
     assert!(r.complete);
 }
