@@ -19,12 +19,19 @@ pub const MAX_BYTES: u64 = 4 << 30;
 
 /// An upper bound on one rank's activation bytes: the first stage's image
 /// (16 channels, NHWC f32) kept twice (input and output) per layer.
-pub fn activation_bytes(size: usize, batch: usize, layers: usize) -> u64 {
+fn activation_bytes(size: usize, batch: usize, layers: usize) -> u64 {
     (size as u64)
         .saturating_mul(size as u64)
         .saturating_mul(batch as u64)
         .saturating_mul(16 * 4 * 2)
         .saturating_mul(layers as u64)
+}
+
+/// The activation MiB a rank would hold, when that is over MAX_BYTES: checked
+/// by the workload itself and by `tune --work-*` before any trial starts.
+pub fn activations_too_big(size: usize, batch: usize, layers: usize) -> Option<u64> {
+    let bytes = activation_bytes(size, batch, layers);
+    (bytes > MAX_BYTES).then_some(bytes >> 20)
 }
 
 /// Floats as the little-endian bytes the workload's pipes and sockets carry.

@@ -128,31 +128,36 @@ void tw_flip(const float *w, float *wt, int cin, int cout) {
                 wt[((long)k * cout + co) * cin + ci] = w[((long)(8 - k) * cin + ci) * cout + co];
 }
 
+/* Per-channel sums of a and of a*b over the pixels, one reduction region
+ * (per-thread partial sums, then a critical section). */
+static void channel_sums(const float *a, const float *b, long pixels, int c, double *sa,
+                         double *sab) {
+    for (int k = 0; k < c; k++)
+        sa[k] = sab[k] = 0.0;
+#pragma omp parallel if (pixels * c >= GRAIN)
+    {
+        double la[TW_MAX_C], lab[TW_MAX_C];
+        for (int k = 0; k < c; k++)
+            la[k] = lab[k] = 0.0;
+#pragma omp for schedule(static)
+        for (long p = 0; p < pixels; p++)
+            for (int k = 0; k < c; k++) {
+                la[k] += a[p * c + k];
+                lab[k] += (double)a[p * c + k] * b[p * c + k];
+            }
+#pragma omp critical
+        for (int k = 0; k < c; k++) {
+            sa[k] += la[k];
+            sab[k] += lab[k];
+        }
+    }
+}
+
 /* Batch-norm statistics: per-channel mean and 1/sqrt(var + eps), one
  * reduction region (like ATen's batch_norm_cpu_collect_stats). */
 void tw_bn_stats(const float *x, long pixels, int c, float *mean, float *inv_std) {
     double sum[TW_MAX_C], sq[TW_MAX_C];
-    for (int k = 0; k < c; k++)
-        sum[k] = sq[k] = 0.0;
-#pragma omp parallel if (pixels * c >= GRAIN)
-    {
-        double ls[TW_MAX_C], lq[TW_MAX_C];
-        for (int k = 0; k < c; k++)
-            ls[k] = lq[k] = 0.0;
-#pragma omp for schedule(static)
-        for (long p = 0; p < pixels; p++) {
-            const float *xp = x + p * c;
-            for (int k = 0; k < c; k++) {
-                ls[k] += xp[k];
-                lq[k] += (double)xp[k] * xp[k];
-            }
-        }
-#pragma omp critical
-        for (int k = 0; k < c; k++) {
-            sum[k] += ls[k];
-            sq[k] += lq[k];
-        }
-    }
+    channel_sums(x, x, pixels, c, sum, sq);
     for (int k = 0; k < c; k++) {
         double m = sum[k] / (double)pixels;
         double v = sq[k] / (double)pixels - m * m;
@@ -199,25 +204,7 @@ void tw_relu_back(const float *act, float *g, long n) {
  * (another). `xhat` is the normalised activation. */
 void tw_bn_back(const float *xhat, float *g, long pixels, int c, const float *inv_std) {
     double sg[TW_MAX_C], sgx[TW_MAX_C];
-    for (int k = 0; k < c; k++)
-        sg[k] = sgx[k] = 0.0;
-#pragma omp parallel if (pixels * c >= GRAIN)
-    {
-        double lg[TW_MAX_C], lgx[TW_MAX_C];
-        for (int k = 0; k < c; k++)
-            lg[k] = lgx[k] = 0.0;
-#pragma omp for schedule(static)
-        for (long p = 0; p < pixels; p++)
-            for (int k = 0; k < c; k++) {
-                lg[k] += g[p * c + k];
-                lgx[k] += (double)g[p * c + k] * xhat[p * c + k];
-            }
-#pragma omp critical
-        for (int k = 0; k < c; k++) {
-            sg[k] += lg[k];
-            sgx[k] += lgx[k];
-        }
-    }
+    channel_sums(g, xhat, pixels, c, sg, sgx);
     float mg[TW_MAX_C], mgx[TW_MAX_C];
     for (int k = 0; k < c; k++) {
         mg[k] = (float)(sg[k] / (double)pixels);

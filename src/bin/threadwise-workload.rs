@@ -129,15 +129,13 @@ fn parse(argv: &[String]) -> Result<Args, String> {
              1 <= bucket-kib <= 1048576, workers <= {MAX_WORKERS})"
         ));
     }
-    let bytes = threadwise::workload::activation_bytes(a.size, a.batch, a.layers);
-    if bytes > MAX_BYTES {
+    if let Some(mib) = threadwise::workload::activations_too_big(a.size, a.batch, a.layers) {
         return Err(format!(
-            "--size {} --batch {} --layers {} would hold {} MiB of activations per rank \
+            "--size {} --batch {} --layers {} would hold {mib} MiB of activations per rank \
              (at most {} MiB): make them smaller",
             a.size,
             a.batch,
             a.layers,
-            bytes >> 20,
             MAX_BYTES >> 20
         ));
     }
@@ -239,9 +237,11 @@ enum Loader {
     Workers {
         kids: Vec<(Child, ChildStdin, ChildStdout)>,
         bytes: usize,
-        prefetch: u64,
     },
 }
+
+/// Batches asked for ahead per worker, as DataLoader's prefetch_factor=2.
+const PREFETCH: u64 = 2;
 
 impl Loader {
     fn start(a: &Args, workers: usize, first: u64, stride: u64) -> Result<Loader, String> {
@@ -268,10 +268,8 @@ impl Loader {
         let mut l = Loader::Workers {
             kids,
             bytes: a.size * a.size * IN_CHANNELS * a.batch * 4,
-            prefetch: 2 * workers as u64,
         };
-        // Two batches ahead per worker, as DataLoader's prefetch_factor=2.
-        for k in 0..2 * workers as u64 {
+        for k in 0..PREFETCH * workers as u64 {
             l.request(k, first + k * stride)?;
         }
         Ok(l)
@@ -287,16 +285,14 @@ impl Loader {
         Ok(())
     }
 
-    /// Batch `step` (global batch number `index`); asks for the one `prefetch` ahead.
+    /// Batch `step` (global batch number `index`); asks for the one PREFETCH
+    /// per worker ahead.
     fn next(&mut self, step: u64, index: u64, stride: u64) -> Result<Vec<f32>, String> {
         match self {
             Loader::Inline { size, batch, work } => Ok(make_batch(index, *size, *batch, *work)),
-            Loader::Workers {
-                kids,
-                bytes,
-                prefetch,
-            } => {
-                let (ahead, n) = (*prefetch, kids.len() as u64);
+            Loader::Workers { kids, bytes } => {
+                let n = kids.len() as u64;
+                let ahead = PREFETCH * n;
                 let mut raw = vec![0u8; *bytes];
                 kids[(step % n) as usize]
                     .2
@@ -471,6 +467,11 @@ fn main() {
     let (done_tx, done_rx) = mpsc::channel();
     std::thread::spawn(move || comm_thread(group, job_rx, done_tx));
     let comm_failed = |e: String| -> ! { fail(3, format!("rank {}: {e}", peer.rank)) };
+    let send = |job: Job| {
+        if job_tx.send(job).is_err() {
+            comm_failed("the communication thread stopped".into());
+        }
+    };
     let receive = || -> (Vec<f32>, bool) {
         match done_rx.recv() {
             Ok(Ok(r)) => r,
@@ -599,9 +600,7 @@ fn main() {
             grads[i] = gw;
             if bucket.len() >= bucket_floats {
                 let full = std::mem::replace(&mut bucket, Vec::with_capacity(bucket_floats));
-                if job_tx.send(Job::Bucket(full)).is_err() {
-                    comm_failed("the communication thread stopped".into());
-                }
+                send(Job::Bucket(full));
                 bucket_layers.push(vec![]);
             }
             if i == 0 {
@@ -641,9 +640,7 @@ fn main() {
         }
         drop((acts, inputs));
         if !bucket.is_empty() {
-            if job_tx.send(Job::Bucket(bucket)).is_err() {
-                comm_failed("the communication thread stopped".into());
-            }
+            send(Job::Bucket(bucket));
         } else {
             bucket_layers.pop();
         }
@@ -678,9 +675,7 @@ fn main() {
         steps += 1;
         let stop =
             peer.rank == 0 && steps > a.warmup as u64 && start.elapsed().as_secs_f64() >= a.seconds;
-        if job_tx.send(Job::Stop(stop)).is_err() {
-            comm_failed("the communication thread stopped".into());
-        }
+        send(Job::Stop(stop));
         if receive().1 {
             break;
         }

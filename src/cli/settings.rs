@@ -48,8 +48,25 @@ pub fn check_run_plan(a: &RunCmd, nproc: usize) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `tune`: every file it will write can be written, before the first trial.
+/// `tune`: every file it will write can be written, and the built-in
+/// workload's sizes fit, before the first trial.
 pub fn check_tune(a: &TuneCmd) -> Result<(), Failure> {
+    if a.command.is_empty()
+        && let Some(mib) =
+            crate::workload::activations_too_big(a.work_size, a.work_batch, a.work_layers)
+    {
+        return Err(Failure::usage(
+            format!(
+                "--work-size {} --work-batch {} --work-layers {} would hold {mib} MiB of \
+                 activations per rank (at most {} MiB)",
+                a.work_size,
+                a.work_batch,
+                a.work_layers,
+                crate::workload::MAX_BYTES >> 20
+            ),
+            "make them smaller",
+        ));
+    }
     let files: [(&str, &Option<PathBuf>); 5] = [
         ("--export-json", &a.export_json),
         ("--export-csv", &a.export_csv),

@@ -27,14 +27,11 @@ pub struct Mover {
     seen: HashMap<i32, usize>,
 }
 
+/// Child processes of any of `pid`'s threads.
 fn children(pid: i32) -> Vec<i32> {
     let mut out = vec![];
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return out;
-    };
-    for t in tasks.flatten() {
-        let path = t.path().join("children");
-        if let Ok(s) = std::fs::read_to_string(path) {
+    for tid in tasks(pid) {
+        if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/children")) {
             out.extend(s.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
         }
     }
@@ -47,6 +44,7 @@ fn exe(pid: i32) -> Option<PathBuf> {
     std::fs::read_link(format!("/proc/{pid}/exe")).ok()
 }
 
+/// `pid`'s threads.
 fn tasks(pid: i32) -> Vec<i32> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .map(|d| {

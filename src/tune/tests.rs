@@ -71,6 +71,17 @@ fn opts(runs: usize, warmup: usize, strategy: Strategy) -> TuneOptions {
     }
 }
 
+/// `tune` over the named configurations with a fresh report and no events.
+fn tuned(f: &mut Fake, names: &[&str], o: &TuneOptions) -> TuneReport {
+    tune(
+        &configs(names),
+        new_report(vec![], 1, "x".into(), 2.0),
+        o,
+        f,
+        &mut |_| {},
+    )
+}
+
 fn fake(rates: &[(&str, &[f64])]) -> Fake {
     Fake {
         rates: rates
@@ -133,13 +144,7 @@ fn interleaved_rounds_stats_and_winner() {
 #[test]
 fn failures_are_reported_and_the_rest_goes_on() {
     let mut f = fake(&[("unset", &[10.0, 10.0]), ("bad", &[-1.0, 20.0])]);
-    let r = tune(
-        &configs(&["unset", "bad"]),
-        new_report(vec![], 1, "x".into(), 2.0),
-        &opts(2, 0, Strategy::All),
-        &mut f,
-        &mut |_| {},
-    );
+    let r = tuned(&mut f, &["unset", "bad"], &opts(2, 0, Strategy::All));
     let bad = &r.configs[1];
     assert_eq!(bad.trials[0].status, TrialStatus::Failed);
     assert_eq!(bad.trials[0].stderr_tail, ["Traceback"]);
@@ -154,12 +159,10 @@ fn halving_drops_clearly_worse_configs() {
         ("plan", &[10.0, 10.0, 10.0, 10.0]),
         ("near", &[9.0, 11.0, 10.0, 10.0]),
     ]);
-    let r = tune(
-        &configs(&["unset", "plan", "near"]),
-        new_report(vec![], 1, "x".into(), 2.0),
-        &opts(4, 0, Strategy::Halving),
+    let r = tuned(
         &mut f,
-        &mut |_| {},
+        &["unset", "plan", "near"],
+        &opts(4, 0, Strategy::Halving),
     );
     assert_eq!(
         f.calls.iter().filter(|c| *c == "unset").count(),
@@ -229,13 +232,7 @@ fn a_close_race_gets_more_trials_up_to_max_runs() {
         max_runs: 5,
         ..opts(3, 0, Strategy::All)
     };
-    let r = tune(
-        &configs(&["unset", "a", "b"]),
-        new_report(vec![], 1, "x".into(), 2.0),
-        &o,
-        &mut f,
-        &mut |_| {},
-    );
+    let r = tuned(&mut f, &["unset", "a", "b"], &o);
     let n = |i: usize| r.configs[i].trials.len();
     assert_eq!((n(0), n(1), n(2)), (3, 5, 5), "only the close race ran on");
     assert!(r.complete);
@@ -244,13 +241,7 @@ fn a_close_race_gets_more_trials_up_to_max_runs() {
 #[test]
 fn outliers_and_a_slow_first_trial_are_marked() {
     let mut f = fake(&[("unset", &[6.0, 10.0, 10.1, 9.9, 10.0, 3.0])]);
-    let r = tune(
-        &configs(&["unset"]),
-        new_report(vec![], 1, "x".into(), 2.0),
-        &opts(6, 0, Strategy::All),
-        &mut f,
-        &mut |_| {},
-    );
+    let r = tuned(&mut f, &["unset"], &opts(6, 0, Strategy::All));
     let c = &r.configs[0];
     assert!(c.slow_first_trial);
     assert!(c.trials[5].outlier, "3.0 against a median near 10");
@@ -321,12 +312,10 @@ fn halving_drops_what_is_far_behind_after_one_round_but_never_the_baseline() {
         ("half", &[4.9, 10.0, 10.0]),
         ("close", &[5.1, 10.0, 10.0]),
     ]);
-    let r = tune(
-        &configs(&["unset", "plan", "half", "close"]),
-        new_report(vec![], 1, "x".into(), 2.0),
-        &opts(3, 0, Strategy::Halving),
+    let r = tuned(
         &mut f,
-        &mut |_| {},
+        &["unset", "plan", "half", "close"],
+        &opts(3, 0, Strategy::Halving),
     );
     let calls = |n: &str| f.calls.iter().filter(|c| *c == n).count();
     assert_eq!(calls("half"), 1, "below half of the round's best");
@@ -345,12 +334,10 @@ fn halving_drops_what_is_far_behind_after_one_round_but_never_the_baseline() {
         ("plan", &[10.0, 10.0]),
         ("half", &[4.0, 4.0]),
     ]);
-    let r = tune(
-        &configs(&["unset", "plan", "half"]),
-        new_report(vec![], 1, "x".into(), 2.0),
-        &opts(2, 0, Strategy::All),
+    let r = tuned(
         &mut f,
-        &mut |_| {},
+        &["unset", "plan", "half"],
+        &opts(2, 0, Strategy::All),
     );
     assert!(
         r.configs
@@ -415,12 +402,10 @@ fn halving_keeps_a_close_config_whose_two_trials_do_not_overlap() {
         ("plan", &[10.0, 10.5, 10.0]),
         ("close", &[9.5, 9.8, 10.6]),
     ]);
-    let r = tune(
-        &configs(&["unset", "plan", "close"]),
-        new_report(vec![], 1, "x".into(), 2.0),
-        &opts(3, 0, Strategy::Halving),
+    let r = tuned(
         &mut f,
-        &mut |_| {},
+        &["unset", "plan", "close"],
+        &opts(3, 0, Strategy::Halving),
     );
     assert_eq!(r.configs[2].dropped_after_round, None);
     assert_eq!(r.configs[2].trials.len(), 3);
@@ -442,12 +427,10 @@ fn a_dropped_config_never_wins() {
         ("b", &[7.9, 7.9]),
         ("c", &[9.5, 9.6, 5.0, 5.0, 5.0]),
     ]);
-    let r = tune(
-        &configs(&["unset", "a", "b", "c"]),
-        new_report(vec![], 1, "x".into(), 2.0),
-        &opts(5, 0, Strategy::Halving),
+    let r = tuned(
         &mut f,
-        &mut |_| {},
+        &["unset", "a", "b", "c"],
+        &opts(5, 0, Strategy::Halving),
     );
     assert_eq!(r.configs[2].dropped_after_round, Some(1));
     assert_eq!(r.configs[1].trials.len(), 5);

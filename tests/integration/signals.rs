@@ -132,11 +132,11 @@ fn ctrl_z_stops_the_ranks_and_fg_continues_them() {
         let s = states(marker);
         !s.is_empty() && s.iter().all(|c| *c == 'T')
     });
-    let me = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
-    assert!(
-        me.rsplit(')').next().unwrap().trim_start().starts_with('T'),
-        "threadwise stopped too"
-    );
+    // threadwise stops itself once it has stopped the ranks: a moment later.
+    wait_for("threadwise stopped too", Duration::from_secs(5), || {
+        let me = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
+        me.rsplit(')').next().unwrap().trim_start().starts_with('T')
+    });
     kill(&child, libc::SIGCONT);
     wait_for("ranks running again", Duration::from_secs(5), || {
         let s = states(marker);

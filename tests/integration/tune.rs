@@ -288,6 +288,11 @@ fn tune_errors_name_the_input() {
     fails(&["--timeout", "1e300"], "give seconds from");
     fails(&["--timeout", "nan"], "give seconds from");
     fails(&["--work-layers", "0"], "--work-layers");
+    // Each size fits, together they do not: refused before any trial.
+    fails(
+        &["--work-size", "1024", "--work-batch", "4096"],
+        "would hold 4194304 MiB of activations per rank",
+    );
     fails(&["--metric", "(a)(b)"], "exactly one capture group");
     fails(&["--grid", "colour=red"], "unknown key \"colour\"");
     fails(&["--grid", "threads=0"], "0 threads");
