@@ -17,7 +17,9 @@
 //!   rank over a pipe, two batches ahead per worker; with 0 workers the rank
 //!   makes its batches itself between steps.
 //!
-//! Rank 0 prints `throughput: N samples/s` over the steps after `--warmup`.
+//! Rank 0 prints `throughput: N samples/s` over the steps after `--warmup`,
+//! with the details, then the same figure as the canonical line that `tune`
+//! reads before anything else: `threadwise: throughput=N samples/s`.
 
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -690,6 +692,11 @@ fn main() {
              data-loader workers per rank, {counted} steps in {elapsed:.2} s, checksum {:.3})",
             samples / elapsed,
             checksum.fract()
+        );
+        println!(
+            "{}{:.1} samples/s",
+            threadwise::tune::rates::CANONICAL,
+            samples / elapsed
         );
     }
 }

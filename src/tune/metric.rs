@@ -31,6 +31,9 @@ pub enum HitKind {
     Steps,
     /// images, samples, tokens... per second.
     Work,
+    /// The canonical line `threadwise: throughput=<N> <unit>`: beats any
+    /// other rate the output prints.
+    Canonical,
     /// `--metric`: whatever the user's pattern matches.
     Custom,
 }
@@ -96,6 +99,10 @@ impl Metric {
     /// The value one line reports, if any.
     pub fn scan(&self, rank: usize, line: &str) -> Option<Hit> {
         let (value, unit, kind) = match &self.re {
+            None if line.contains(rates::CANONICAL) => {
+                let (value, unit) = rates::canonical(line)?;
+                (value, Some(unit.to_string()), HitKind::Canonical)
+            }
             None => {
                 let r = rates::line_rate(line)?;
                 let kind = match r.kind {
@@ -171,6 +178,28 @@ mod tests {
         );
         assert!(h.line.contains("train_samples_per_second"));
         assert_eq!(m.find(&lines(&["no numbers here", "3 imgs"])), None);
+    }
+
+    #[test]
+    fn the_canonical_line_wins_over_every_other_rate() {
+        let m = Metric::new(None).unwrap();
+        let out = lines(&[
+            "threadwise: throughput=50.5 img/s",
+            "{'train_samples_per_second': 41.5}",
+            "100%|##########| 30/30 [00:12<00:00,  2.44it/s]",
+        ]);
+        let h = m.last(&out).unwrap();
+        assert_eq!(
+            (h.value, h.unit.as_deref(), h.kind),
+            (50.5, Some("img/s"), HitKind::Canonical)
+        );
+        // A near miss of the canonical line is no rate at all, even where the
+        // heuristics would read one (`12img/s` is no unit of its own).
+        assert_eq!(m.find(&lines(&["threadwise: throughput=12img/s"])), None);
+        // With --metric the user's pattern decides, canonical line or not.
+        let custom = Metric::new(Some(r"loss=(\d+)")).unwrap();
+        let out = lines(&["threadwise: throughput=50 img/s loss=3"]);
+        assert_eq!(custom.find(&out), Some(3.0));
     }
 
     #[test]

@@ -15,6 +15,10 @@
 //! 4. In a line, the first rate of the winning kind counts (timm and DeepSpeed
 //!    print the current rate before the average); across lines, the last.
 //! 5. Carriage returns split a line like newlines (tqdm and Lightning bars).
+//! 6. Above all of these: the canonical line a script prints to remove all
+//!    doubt, `threadwise: throughput=<N> <unit>` (the Python helper's
+//!    `threadwise.report()`, and the built-in workload), read before any
+//!    heuristic and winning over every other rate in the output.
 
 /// What a rate counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -51,6 +55,27 @@ fn unit_of(word: &str) -> Option<(&'static str, Kind)> {
         "it" | "its" | "iter" | "iters" | "iteration" | "iterations" => ("it/s", Kind::Steps),
         "step" | "steps" | "batch" | "batches" => ("steps/s", Kind::Steps),
         _ => return None,
+    })
+}
+
+/// The canonical line's marker: `threadwise: throughput=<N> <unit>`.
+pub const CANONICAL: &str = "threadwise: throughput=";
+
+/// The longest unit a canonical line may name.
+const MAX_UNIT: usize = 32;
+
+/// The value and unit of a canonical line (rule 6), wherever in the line the
+/// marker stands (after a logger's prefix, say); within `\r` updates, the
+/// last. The unit is one word of at most 32 characters, taken as written.
+pub fn canonical(line: &str) -> Option<(f64, &str)> {
+    line.rsplit('\r').find_map(|seg| {
+        let at = seg.rfind(CANONICAL)?;
+        let rest = &seg[at + CANONICAL.len()..];
+        let (value, len) = number(rest)?;
+        let after = &rest[len..];
+        let unit = after.strip_prefix(' ')?.trim_start_matches(' ');
+        let unit = unit.split_whitespace().next()?;
+        (unit.len() <= MAX_UNIT && value.is_finite() && value >= 0.0).then_some((value, unit))
     })
 }
 
@@ -95,10 +120,15 @@ fn is_word(c: u8) -> bool {
 }
 
 /// The key a value at `pos` belongs to, when `line[..pos]` ends in `KEY:` or
-/// `KEY=` (spaces and quotes allowed around): the key's text.
+/// `KEY=` (spaces and quotes allowed around, and one opening quote before the
+/// value: transformers 5 prints `'train_samples_per_second': '393.6'`): the
+/// key's text.
 fn key_before(line: &str, pos: usize) -> Option<&str> {
     let b = line.as_bytes();
     let mut i = pos;
+    if i > 0 && (b[i - 1] == b'\'' || b[i - 1] == b'"') {
+        i -= 1;
+    }
     while i > 0 && b[i - 1] == b' ' {
         i -= 1;
     }
@@ -281,6 +311,23 @@ mod tests {
         ("workers=4 img/s: n/a", None),
         ("lr: 0.1 img/s: 22.22", Some((22.22, "img/s"))),
         ("speed=12.5 it/s", Some((12.5, "it/s"))),
+        // transformers 5 quotes every value of its end-of-training line
+        (
+            "{'train_runtime': '0.1626', 'train_samples_per_second': '393.6', 'train_steps_per_second': '49.2', 'train_loss': '0.6934', 'epoch': '1'}",
+            Some((393.6, "samples/s")),
+        ),
+        (
+            r#"{"train_samples_per_second": "393.6", "train_steps_per_second": "49.2"}"#,
+            Some((393.6, "samples/s")),
+        ),
+        (
+            "{'train_steps_per_second': '49.2'}",
+            Some((49.2, "steps/s")),
+        ),
+        // its near misses: quoted values of other keys, quoted non-numbers
+        ("{'train_runtime': '0.1626', 'epoch': '1'}", None),
+        ("{'train_samples_per_second': 'n/a'}", None),
+        ("{'train_loss': '0.6934'} 'x' '3'", None),
     ];
 
     #[test]
@@ -296,6 +343,53 @@ mod tests {
                 }
                 (g, w) => assert_eq!(g, w.map(|(v, u)| (v, u)), "{line:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn the_canonical_line_and_its_near_misses() {
+        let cases: &[(&str, Option<(f64, &str)>)] = &[
+            (
+                "threadwise: throughput=393.6 samples/s",
+                Some((393.6, "samples/s")),
+            ),
+            (
+                "threadwise: throughput=1234567.0 img/s",
+                Some((1234567.0, "img/s")),
+            ),
+            (
+                "threadwise: throughput=1.5e3 tokens/s",
+                Some((1500.0, "tokens/s")),
+            ),
+            ("threadwise: throughput=0.0 img/s", Some((0.0, "img/s"))),
+            (
+                "INFO:root:threadwise: throughput=12 img/s",
+                Some((12.0, "img/s")),
+            ),
+            (
+                "threadwise: throughput=12 img/s  (world 2)",
+                Some((12.0, "img/s")),
+            ),
+            (
+                "x\rthreadwise: throughput=1 img/s\rthreadwise: throughput=2 img/s",
+                Some((2.0, "img/s")),
+            ),
+            // near misses: no value, no unit, glued unit, a non-number, a unit too long
+            ("threadwise: throughput=", None),
+            ("threadwise: throughput=12", None),
+            ("threadwise: throughput=12img/s", None),
+            ("threadwise: throughput=abc img/s", None),
+            ("threadwise: throughput=-3 img/s", None),
+            ("threadwise: throughput = 12 img/s", None),
+            ("threadwise: throughput=nan img/s", None),
+            (
+                "threadwise: throughput=12 aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/s",
+                None,
+            ),
+            ("threadwise throughput=12 img/s", None),
+        ];
+        for (line, want) in cases {
+            assert_eq!(canonical(line), *want, "{line:?}");
         }
     }
 
