@@ -1,16 +1,63 @@
 //! Compiles the built-in workload's OpenMP kernels (workload/kernels.c) with
 //! -fopenmp and links them into the `threadwise-workload` binary only: the
 //! `threadwise` binary itself stays free of C libraries at run time.
+//!
+//! With `THREADWISE_STATIC_OPENMP=1` (scripts/wheel.sh sets it) the kernels are
+//! compiled by GCC whatever the linker is (the wheel links through zig for an
+//! old glibc, and zig's clang speaks LLVM's OpenMP ABI, not GNU's), and GCC's
+//! own `libgomp.a` is linked in: the workload then carries the real GNU OpenMP
+//! runtime (OMP_NUM_THREADS, OMP_PROC_BIND, OMP_WAIT_POLICY, GOMP_SPINCOUNT)
+//! and needs no libgomp.so.1 on the machine it runs on. libgomp is GCC's
+//! runtime library, which the GCC Runtime Library Exception lets us ship.
+
+use std::path::PathBuf;
+use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=workload/kernels.c");
-    cc::Build::new()
+    println!("cargo:rerun-if-env-changed=THREADWISE_STATIC_OPENMP");
+    println!("cargo:rerun-if-env-changed=THREADWISE_OPENMP_CC");
+    let static_omp = std::env::var("THREADWISE_STATIC_OPENMP").is_ok_and(|v| v == "1");
+    let mut build = cc::Build::new();
+    build
         .file("workload/kernels.c")
         .flag("-fopenmp")
         .opt_level(2)
-        .cargo_metadata(false)
-        .compile("twkernels");
+        .cargo_metadata(false);
+    let gcc = std::env::var("THREADWISE_OPENMP_CC").unwrap_or_else(|_| "gcc".into());
+    if static_omp {
+        build.compiler(&gcc);
+    }
+    build.compile("twkernels");
     let out = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");
     println!("cargo:rustc-link-arg-bin=threadwise-workload={out}/libtwkernels.a");
-    println!("cargo:rustc-link-arg-bin=threadwise-workload=-fopenmp");
+    if static_omp {
+        let gomp = static_libgomp(&gcc);
+        println!(
+            "cargo:rustc-link-arg-bin=threadwise-workload={}",
+            gomp.display()
+        );
+        println!("cargo:rustc-link-arg-bin=threadwise-workload=-lpthread");
+        println!("cargo:rustc-link-arg-bin=threadwise-workload=-ldl");
+    } else {
+        println!("cargo:rustc-link-arg-bin=threadwise-workload=-fopenmp");
+    }
+}
+
+/// GCC's static libgomp, or a build error that says what to install.
+fn static_libgomp(gcc: &str) -> PathBuf {
+    let asked = Command::new(gcc)
+        .arg("-print-file-name=libgomp.a")
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("THREADWISE_STATIC_OPENMP=1 needs GCC ({gcc}) to find libgomp.a: {e}")
+        });
+    let path = PathBuf::from(String::from_utf8_lossy(&asked.stdout).trim());
+    if !path.is_absolute() || !path.is_file() {
+        panic!(
+            "THREADWISE_STATIC_OPENMP=1: {gcc} has no libgomp.a (it printed {path:?}); \
+             install GCC's OpenMP library (Debian: libgcc-12-dev) or set THREADWISE_OPENMP_CC"
+        );
+    }
+    path
 }
