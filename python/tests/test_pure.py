@@ -1,0 +1,98 @@
+"""The helper's own rules, without a launcher: parsing, and doing nothing
+outside threadwise."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pytest
+
+import threadwise
+
+
+def test_parse_cpulist() -> None:
+    assert threadwise.parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert threadwise.parse_cpulist("5") == [5]
+    assert threadwise.parse_cpulist("3,1-2,2") == [1, 2, 3]
+    assert threadwise.parse_cpulist("") == []
+    assert threadwise.parse_cpulist("0-1\x00") == [0, 1]
+    with pytest.raises(ValueError, match="THREADWISE_CPUS='a-b'"):
+        threadwise.parse_cpulist("a-b", "THREADWISE_CPUS")
+    with pytest.raises(ValueError, match="empty or negative"):
+        threadwise.parse_cpulist("3-1")
+
+
+@pytest.fixture
+def outside(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in list(os.environ):
+        if k.startswith("THREADWISE_") or k in ("LOCAL_RANK", "OMP_NUM_THREADS"):
+            monkeypatch.delenv(k)
+
+
+def test_outside_threadwise_nothing_changes(outside: None) -> None:
+    before = os.sched_getaffinity(0)
+    threadwise.worker_init_fn(3)
+    assert os.sched_getaffinity(0) == before
+    assert "OMP_NUM_THREADS" not in os.environ
+    assert threadwise.num_workers(5) == 5
+    assert threadwise.num_workers() == 0
+    assert threadwise.plan() is None
+
+
+def test_report_prints_the_canonical_line_on_local_rank_0(
+    outside: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    buf = io.StringIO()
+    assert threadwise.report(41.5, file=buf) == "threadwise: throughput=41.5 samples/s"
+    assert threadwise.report(2, "img/s", file=buf) == "threadwise: throughput=2.0 img/s"
+    assert buf.getvalue().splitlines() == [
+        "threadwise: throughput=41.5 samples/s",
+        "threadwise: throughput=2.0 img/s",
+    ]
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    quiet = io.StringIO()
+    assert threadwise.report(41.5, file=quiet) is None
+    assert quiet.getvalue() == ""
+    assert threadwise.report(41.5, all_ranks=True, file=quiet) is not None
+    assert quiet.getvalue() == "threadwise: throughput=41.5 samples/s\n"
+
+
+@pytest.mark.parametrize(
+    "value,unit",
+    [(float("nan"), "img/s"), (float("inf"), "img/s"), (-1.0, "img/s"), (1.0, ""),
+     (1.0, "img per s"), (1.0, "x" * 33)],
+)
+def test_report_refuses_what_tune_could_not_read(value: float, unit: str) -> None:
+    with pytest.raises(ValueError, match="report"):
+        threadwise.report(value, unit, file=io.StringIO())
+
+
+def test_num_workers_names_a_bad_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("THREADWISE_NUM_WORKERS", "four")
+    with pytest.raises(ValueError, match="THREADWISE_NUM_WORKERS='four'"):
+        threadwise.num_workers(2)
+    monkeypatch.setenv("THREADWISE_NUM_WORKERS", "-1")
+    with pytest.raises(ValueError, match="negative"):
+        threadwise.num_workers(2)
+
+
+def test_worker_init_fn_applies_the_worker_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    # In a forked child, so the test process keeps its own mask.
+    allowed = sorted(os.sched_getaffinity(0))
+    target = allowed[-1:]
+    monkeypatch.setenv("THREADWISE_CPUS", ",".join(map(str, allowed)))
+    monkeypatch.setenv("THREADWISE_WORKER_CPUS", str(target[0]))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        threadwise.worker_init_fn(0)
+        mask = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+        os.write(w, f"{mask};{os.environ.get('OMP_NUM_THREADS')}".encode())
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 4096).decode()
+    os.waitpid(pid, 0)
+    assert got == f"{target[0]};1"
