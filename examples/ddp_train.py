@@ -7,8 +7,12 @@ augmentation would), num_workers from THREADWISE_NUM_WORKERS. Prints the
 placement each rank sees, then a torchvision-style line with "img/s: N" from rank 0.
 
 Runs under torchrun, `threadwise run`, or `torchrun --no-python threadwise bind`.
+With --helper it adopts the threadwise Python package (pip install threadwise)
+the two-line way: num_workers and worker_init_fn from the plan, and each
+DataLoader worker prints the CPUs and threads it runs with.
 """
 import argparse
+import functools
 import os
 import time
 
@@ -85,6 +89,16 @@ def placement():
     return cpus
 
 
+def report_worker(local, init, worker_id):
+    """A worker_init_fn: the helper's, then one line of what the worker got."""
+    init(worker_id)
+    print(
+        f"worker {worker_id} of local {local}: cpus {placement()} torch threads {torch.get_num_threads()} "
+        f"expected {os.environ.get('THREADWISE_WORKER_CPUS') or os.environ.get('THREADWISE_CPUS')}",
+        flush=True,
+    )
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
@@ -94,6 +108,7 @@ def main():
     ap.add_argument("--width", type=int, default=32)
     ap.add_argument("--work", type=int, default=4, help="per-sample CPU work in the DataLoader")
     ap.add_argument("--workers", type=int, default=None, help="default: THREADWISE_NUM_WORKERS, else 2")
+    ap.add_argument("--helper", action="store_true", help="use the threadwise package's worker_init_fn")
     args = ap.parse_args()
 
     cuda = torch.cuda.is_available()
@@ -103,7 +118,14 @@ def main():
     device = torch.device(f"cuda:{local}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    workers = args.workers if args.workers is not None else int(os.environ.get("THREADWISE_NUM_WORKERS", 2))
+    init_fn = None
+    if args.helper:
+        import threadwise
+
+        workers = threadwise.num_workers(2) if args.workers is None else args.workers
+        init_fn = functools.partial(report_worker, local, threadwise.worker_init_fn)
+    else:
+        workers = args.workers if args.workers is not None else int(os.environ.get("THREADWISE_NUM_WORKERS", 2))
     print(
         f"rank {rank}/{world} local {local}: cpus {placement()} torch threads {torch.get_num_threads()} "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')} workers {workers}",
@@ -122,6 +144,7 @@ def main():
         num_workers=workers,
         persistent_workers=workers > 0,
         drop_last=True,
+        worker_init_fn=init_fn,
     )
     start, seen = None, 0
     for step, (x, y) in enumerate(loader):

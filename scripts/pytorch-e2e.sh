@@ -2,7 +2,8 @@
 # Opt-in end-to-end test with real PyTorch from PyPI (~5 GB with its CUDA
 # libraries; runs on CPU with gloo): the DDP example three ways, torchrun,
 # threadwise run, torchrun --no-python threadwise bind, plus a two-agent
-# multi-node run on this machine. Prints each throughput; fails on any error.
+# multi-node run on this machine, and the wheel's Python helper placing real
+# DataLoader workers under bind. Prints each throughput; fails on any error.
 #   scripts/pytorch-e2e.sh [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,4 +57,19 @@ wait
 cat "$out/node0.log" "$out/node1.log" >"$out/nodes.log"
 check "threadwise run --nnodes 2 (two agents)" "$out/nodes.log"
 grep -q "rank 1/2" "$out/nodes.log" || { echo "FAIL: the second node's rank did not join"; exit 1; }
-echo "5 passed, 0 failed"
+# The wheel's helper under bind: every real DataLoader worker lands on its
+# rank's THREADWISE_WORKER_CPUS with one thread (bind leaves no mover behind).
+ls dist/threadwise-*.whl >/dev/null 2>&1 || scripts/wheel.sh >/dev/null
+pip install -q --no-deps --force-reinstall dist/threadwise-*.whl
+torchrun --standalone --nproc-per-node 2 --no-python "$tw" bind -- python "$ex" --helper --steps 5 >"$out/helper.log" 2>&1
+check "bind + threadwise.worker_init_fn" "$out/helper.log"
+python - "$out/helper.log" <<'PY'
+import re, sys
+lines = re.findall(r"worker (\d+) of local (\d+): cpus (\S+) torch threads (\d+) expected (\S+)", open(sys.argv[1]).read())
+assert len({(w, l) for w, l, *_ in lines}) >= 4, f"want 2 workers on each of 2 ranks, got {lines}"
+bad = [x for x in lines if x[2] != x[4] or x[3] != "1"]
+assert not bad, f"workers off their planned CPUs or threads: {bad}"
+for w, l, cpus, threads, _ in sorted(set(lines)):
+    print(f"    worker {w} of local {l}: cpus {cpus} (planned), torch threads {threads}")
+PY
+echo "6 passed, 0 failed"

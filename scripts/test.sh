@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian machine as root: installs what the
 # tests need (hwloc's lstopo as the topology oracle, Open MPI's mpirun, the
-# jemalloc and tcmalloc libraries, a one-node Slurm), then fmt, clippy, tests.
+# jemalloc and tcmalloc libraries, a one-node Slurm), then fmt, clippy, tests,
+# then the wheel (scripts/test-wheel.sh: build, platform checks, a fresh venv
+# running the main job, the Python helper's pytest tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,3 +29,4 @@ rustup component add rustfmt clippy >/dev/null 2>&1 || true
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
 cargo test --locked
+scripts/test-wheel.sh
