@@ -69,6 +69,22 @@ pub fn default_signals(c: &mut std::process::Command) {
     }
 }
 
+/// Wait until `done` holds, checking every 20 ms; fail naming `what` after
+/// `limit`. Tests wait on the condition they need, never a fixed time.
+pub fn wait_for(what: &str, limit: std::time::Duration, mut done: impl FnMut() -> bool) {
+    let t = std::time::Instant::now();
+    while !done() {
+        assert!(t.elapsed() < limit, "{what} within {limit:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Whether DIR/up0 .. DIR/up{n-1} exist: ranks that write `up$RANK` when
+/// they are ready (their traps set).
+pub fn ranks_up(dir: &std::path::Path, n: usize) -> bool {
+    (0..n).all(|r| dir.join(format!("up{r}")).exists())
+}
+
 /// The stdout of a command that must have succeeded (its stderr otherwise).
 pub fn stdout_ok(out: std::process::Output) -> String {
     assert!(

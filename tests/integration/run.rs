@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::threadwise;
+use super::{ranks_up, threadwise, wait_for};
 
 pub fn bin() -> std::path::PathBuf {
     assert_cmd::cargo::cargo_bin("threadwise")
@@ -137,8 +137,9 @@ fn grandchildren_are_not_left_behind() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(took < Duration::from_secs(5), "{took:?}");
     assert_eq!(text(&out.stdout).matches("started").count(), 2);
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(survivors(marker).is_empty(), "{:?}", survivors(marker));
+    wait_for("no grandchild left", Duration::from_secs(3), || {
+        survivors(marker).is_empty()
+    });
 }
 
 #[test]
@@ -358,31 +359,41 @@ fn user_environment_passes_through_and_allocator_is_a_real_file() {
 
 #[test]
 fn sigint_is_forwarded_and_a_second_one_kills() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().display();
     let marker = "tw-sigint-7734";
     // Ranks that exit 7 on SIGINT.
     let child = spawn_run(
         &["-n", "2", "-q"],
-        &format!("trap 'exit 7' INT; while :; do sleep 0.05; done # {marker}"),
+        &format!("trap 'exit 7' INT; touch {dir}/up$RANK; while :; do sleep 0.05; done # {marker}"),
         Stdio::piped(),
     );
-    std::thread::sleep(Duration::from_millis(400));
+    wait_for("ranks up", Duration::from_secs(5), || ranks_up(d.path(), 2));
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("stopped by SIGINT"));
     assert!(survivors(marker).is_empty());
 
-    // Ranks that ignore SIGINT and SIGTERM: the second SIGINT kills at once.
+    // Ranks that note SIGINT and go on, and ignore SIGTERM: the second
+    // SIGINT kills at once.
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().display();
     let marker = "tw-stubborn-7735";
     let mut child = spawn_run(
         &["-n", "2", "-q", "--grace", "30"],
-        &format!("trap '' INT TERM; while :; do sleep 0.05; done # {marker}"),
+        &format!(
+            "trap 'touch {dir}/int$RANK' INT; trap '' TERM; touch {dir}/up$RANK; \
+             while :; do sleep 0.05; done # {marker}"
+        ),
         Stdio::null(),
     );
-    std::thread::sleep(Duration::from_millis(400));
+    wait_for("ranks up", Duration::from_secs(5), || ranks_up(d.path(), 2));
     let t = Instant::now();
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    std::thread::sleep(Duration::from_millis(200));
+    wait_for("the first SIGINT forwarded", Duration::from_secs(5), || {
+        (0..2).all(|r| d.path().join(format!("int{r}")).exists())
+    });
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
@@ -409,7 +420,12 @@ fn ranks_die_with_a_sigkilled_threadwise() {
         format!("while :; do sleep 0.05; done # {marker}")
     };
     let mut child = spawn_run(&["-n", "2", "-q"], &script, Stdio::null());
-    std::thread::sleep(Duration::from_millis(400));
+    let want = if cgroup { 6 } else { 2 };
+    wait_for(
+        "ranks and their children up",
+        Duration::from_secs(5),
+        || survivors(marker).len() >= want,
+    );
     let before = survivors(marker).len();
     child.kill().unwrap();
     child.wait().unwrap();
@@ -422,11 +438,9 @@ fn ranks_die_with_a_sigkilled_threadwise() {
     } else {
         eprintln!("no job cgroup here: {}", text(&dry.stdout));
     }
-    let t = Instant::now();
-    while !survivors(marker).is_empty() && t.elapsed() < Duration::from_secs(3) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(survivors(marker).is_empty(), "{:?}", survivors(marker));
+    wait_for("nothing left of the run", Duration::from_secs(3), || {
+        survivors(marker).is_empty()
+    });
 }
 
 #[test]
@@ -564,11 +578,20 @@ fn dataloader_workers_are_moved_to_the_worker_cpus() {
             .unwrap()
             .to_string(),
     );
-    let mask = r#"while read -r k v; do [ "$k" = Cpus_allowed_list: ] && echo "$v"; done < /proc/self/status"#;
+    let mask =
+        r#"while read -r k v; do [ "$k" = Cpus_allowed_list: ] && m=$v; done < /proc/self/status"#;
+    // The worker looks at its mask every 50 ms until it is on the worker CPUs
+    // (at most $N looks), then writes what it has.
     let script = format!(
-        "( sleep 0.6; {mask} > \"$D/worker-$LOCAL_RANK\" ) & {mask} > \"$D/rank-$LOCAL_RANK\"; wait"
+        "( i=0; while {mask}; [ \"$m\" != \"$THREADWISE_WORKER_CPUS\" ] && [ $i -lt $N ]; do \
+         sleep 0.05; i=$((i+1)); done; echo \"$m\" > \"$D/worker-$LOCAL_RANK\" ) & \
+         {mask}; echo \"$m\" > \"$D/rank-$LOCAL_RANK\"; wait"
     );
-    for (flags, moved) in [(&[][..], true), (&["--no-move-workers"][..], false)] {
+    // Moved: within 5 s. Not moved: not in 1 s, ten of the mover's ticks.
+    for (flags, moved, looks) in [
+        (&[][..], true, "100"),
+        (&["--no-move-workers"][..], false, "20"),
+    ] {
         let d = tempfile::tempdir().unwrap();
         let mut args = vec!["-n", "2", "-q"];
         args.extend_from_slice(flags);
@@ -577,6 +600,7 @@ fn dataloader_workers_are_moved_to_the_worker_cpus() {
             .arg("run")
             .args(&args)
             .env("D", d.path())
+            .env("N", looks)
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", text(&out.stderr));

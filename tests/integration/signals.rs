@@ -2,21 +2,14 @@
 //! processes: what the ranks receive, our exit code, and that nothing is left.
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::run::{bin, spawn_run, survivors, text};
+use super::wait_for;
 
 fn kill(child: &std::process::Child, sig: i32) {
     // SAFETY: plain syscall.
     unsafe { libc::kill(child.id() as i32, sig) };
-}
-
-fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !done() {
-        assert!(t.elapsed() < limit, "{what} within {limit:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Ranks that note the signals they get in DIR/rank-$RANK.
@@ -152,9 +145,11 @@ fn ctrl_z_stops_the_ranks_and_fg_continues_them() {
 fn nohup_keeps_sighup_ignored_for_us_and_the_ranks() {
     let d = tempfile::tempdir().unwrap();
     let marker = "tw-nohup-5524";
-    // The ranks write their ignored-signal mask (SigIgn, hex) to DIR/r$RANK.
+    // The ranks write their ignored-signal mask (SigIgn, hex) to DIR/r$RANK,
+    // and note SIGUSR1 in DIR/u$RANK.
     let script = format!(
-        "awk '/^SigIgn/ {{print $2}}' /proc/$$/status > {}/r$RANK; \
+        "trap 'echo USR1 >> {0}/u$RANK' USR1; \
+         awk '/^SigIgn/ {{print $2}}' /proc/$$/status > {0}/r$RANK; \
          while :; do sleep 0.02; done # {marker}",
         d.path().display()
     );
@@ -169,7 +164,14 @@ fn nohup_keeps_sighup_ignored_for_us_and_the_ranks() {
         (0..2).all(|r| !noted(d.path(), r).trim().is_empty())
     });
     kill(&child, libc::SIGHUP);
-    std::thread::sleep(Duration::from_millis(300));
+    // A later signal reaching the ranks shows the SIGHUP was handled first
+    // (a pending SIGHUP, the lower number, is delivered before SIGUSR1).
+    kill(&child, libc::SIGUSR1);
+    wait_for(
+        "SIGUSR1 forwarded after the SIGHUP",
+        Duration::from_secs(5),
+        || (0..2).all(|r| d.path().join(format!("u{r}")).exists()),
+    );
     assert!(
         survivors(marker).len() >= 2,
         "SIGHUP under nohup stops nothing"

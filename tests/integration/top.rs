@@ -9,6 +9,29 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::run::{bin, text};
+use super::wait_for;
+
+/// Threads of a live process.
+fn threads_of(pid: &Value) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+/// Children of a process's main thread.
+fn children_of(pid: i64) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .map_or(0, |s| s.split_whitespace().count())
+}
+
+/// The CPU a process last ran on (field 39 of /proc/PID/stat).
+fn last_cpu(pid: i64) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command's closing parenthesis start at field 3.
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(39 - 3)
+        .map(str::to_string)
+}
 
 fn top(args: &[&str]) -> Value {
     let out = Command::new(bin())
@@ -87,7 +110,21 @@ fn top_of_the_builtin_workload_matches_its_plan() {
         "8",
     ]);
     let state = wait_for_run(run.id());
-    std::thread::sleep(Duration::from_millis(800));
+    let plan: Value = serde_json::from_slice(
+        &super::threadwise()
+            .args(["plan", "-n", "2", "--json"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    // The ranks' OpenMP threads have started (top counts them).
+    wait_for("the ranks' OpenMP threads", Duration::from_secs(10), || {
+        (0..2).all(|i| {
+            threads_of(&state["ranks"][i]["pid"])
+                >= plan["ranks"][i]["threads"].as_u64().unwrap() as usize
+        })
+    });
     // Other tests' runs may be newer: name this run's ranks (their
     // THREADWISE_* variables give top the plan).
     let pids = |s: &Value| -> Vec<String> {
@@ -100,14 +137,6 @@ fn top_of_the_builtin_workload_matches_its_plan() {
     };
     let p = pids(&state);
     let v = top(&["--pid", &p[0], &p[1]]);
-    let plan: Value = serde_json::from_slice(
-        &super::threadwise()
-            .args(["plan", "-n", "2", "--json"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
     assert_eq!(v["schema"], "threadwise.top/1");
     let ranks = v["ranks"].as_array().unwrap();
     assert_eq!(ranks.len(), 2);
@@ -144,8 +173,12 @@ fn misbehaving_ranks_raise_their_alerts() {
     let busy = "for i in 1 2 3; do (while :; do :; done) & done; while :; do :; done";
     let run = start(&["run", "-n", "2", "-q", "--", "sh", "-c", busy]);
     let state = wait_for_run(run.id());
-    std::thread::sleep(Duration::from_millis(500));
     let pid = state["ranks"][1]["pid"].as_i64().unwrap();
+    wait_for(
+        "rank 1's three busy children",
+        Duration::from_secs(5),
+        || children_of(pid) >= 3,
+    );
     // Move rank 1 off its planned CPU, as a stray taskset or launcher would.
     let other = if state["ranks"][1]["cpus"] == "0" {
         "1"
@@ -159,7 +192,11 @@ fn misbehaving_ranks_raise_their_alerts() {
         .unwrap()
         .success();
     assert!(ok);
-    std::thread::sleep(Duration::from_millis(300));
+    wait_for(
+        "rank 1 running on the other CPU",
+        Duration::from_secs(5),
+        || last_cpu(pid).as_deref() == Some(other),
+    );
     let p0 = state["ranks"][0]["pid"].to_string();
     let v = top(&["--pid", &p0, &pid.to_string()]);
     let kinds: Vec<(i64, String)> = v["alerts"]

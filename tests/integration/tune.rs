@@ -258,7 +258,10 @@ fn interrupted_tune_leaves_valid_partial_files() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    // The CSV is rewritten after every trial: interrupt once two are in.
+    super::wait_for("two trials exported", Duration::from_secs(30), || {
+        std::fs::read_to_string(&c).is_ok_and(|s| s.lines().count() > 2)
+    });
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
