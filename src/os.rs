@@ -49,7 +49,7 @@ pub const MPOL_INTERLEAVE: i32 = 3;
 pub const MPOL_LOCAL: i32 = 4;
 
 /// A placement prepared before fork: plain words, nothing to allocate later.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Placement {
     /// Affinity mask words (least significant first), or None to leave it.
     pub cpus: Option<Vec<u64>>,

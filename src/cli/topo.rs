@@ -94,6 +94,7 @@ pub fn request(a: &PlanArgs) -> PlanRequest {
         omp_bind: a.omp_bind,
         omp_wait: a.omp_wait,
         reserve: a.reserve.clone(),
+        unset_threads: false,
     }
 }
 
@@ -226,6 +227,8 @@ mod tests {
                         omp_bind: b[3],
                         omp_wait,
                         reserve,
+                        // tune's baseline only: no command-line spelling.
+                        unset_threads: false,
                     }
                 },
             )

@@ -104,9 +104,6 @@ fn winner_plan(
         .iter()
         .find(|c| Some(&c.name) == r.winner.as_ref())?;
     let mut p = plan::plan(topo, &c.request, facts).ok()?;
-    if c.unset_threads {
-        p.unset_threads();
-    }
     p.reasons.push(format!(
         "chosen by threadwise tune: configuration {}",
         c.name
@@ -181,14 +178,14 @@ pub fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
         .collect();
     let report = new_report(shown, base_plan.nproc, topo.source.clone(), topo.cpu_budget);
     write_all(&files, &report)?;
-    let mut runner = Runner {
-        topology: topo.clone(),
-        facts: facts.clone(),
+    let mut runner = Runner::new(
+        topo.clone(),
+        facts.clone(),
         argv,
-        timeout: a.timeout,
-        grace: Duration::from_secs(5),
-        gpu: GpuSampler::new(),
-    };
+        a.timeout,
+        Duration::from_secs(5),
+        GpuSampler::new(),
+    );
     let opts = TuneOptions {
         // The default search combines what beat the plan; a --grid is measured as given.
         combine: a.grid.is_empty().then(|| base.clone()),

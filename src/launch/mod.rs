@@ -92,8 +92,9 @@ impl LaunchError {
     }
 }
 
-/// One rank, ready to start.
-#[derive(Debug, Clone)]
+/// One rank, ready to start (compared whole: tune measures two
+/// configurations that launch alike once).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RankLaunch {
     pub local_rank: usize,
     pub argv: Vec<OsString>,

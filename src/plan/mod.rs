@@ -192,7 +192,7 @@ impl Plan {
     /// thread-count variable (each runtime sizes its pool to all CPUs), no
     /// THREADWISE_* variable (a script falls back to its own defaults, as
     /// under torchrun), nothing else of the plan.
-    pub fn unset_threads(&mut self) {
+    fn unset_threads(&mut self) {
         let mut vars: Vec<String> = THREAD_VARS
             .iter()
             .chain(&["TF_NUM_INTEROP_THREADS"])
@@ -380,7 +380,7 @@ pub fn plan(topo: &Topology, req: &PlanRequest, facts: &Facts) -> Result<Plan, P
                 .to_string(),
         );
     }
-    Ok(Plan {
+    let mut p = Plan {
         schema: PLAN_SCHEMA.to_string(),
         request: req.clone(),
         source: topo.source.clone(),
@@ -391,7 +391,16 @@ pub fn plan(topo: &Topology, req: &PlanRequest, facts: &Facts) -> Result<Plan, P
         ranks,
         reasons,
         unset_env: vec![],
-    })
+    };
+    if req.unset_threads {
+        p.unset_threads();
+        p.reasons.push(
+            "threads unset, as without threadwise: no thread-count or THREADWISE_* variable \
+             (each runtime sizes its pool to every CPU), no binding, no allocator"
+                .into(),
+        );
+    }
+    Ok(p)
 }
 
 #[cfg(test)]

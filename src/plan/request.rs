@@ -155,6 +155,10 @@ pub struct PlanRequest {
     /// Cores kept for the OS, IRQs and the launcher.
     #[serde(default)]
     pub reserve: Reserve,
+    /// What the user has without threadwise (tune's `unset` baseline): no
+    /// thread-count variable, no THREADWISE_* variable, nothing of the plan.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unset_threads: bool,
 }
 
 impl Default for PlanRequest {
@@ -175,6 +179,7 @@ impl Default for PlanRequest {
             omp_bind: false,
             omp_wait: WaitPolicy::Default,
             reserve: Reserve::None,
+            unset_threads: false,
         }
     }
 }

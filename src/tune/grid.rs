@@ -4,23 +4,148 @@
 //! profile, wait. "threads=unset" leaves every thread variable out, so each runtime
 //! sizes its pool to all CPUs (the case the guides start from).
 
-use serde::{Deserialize, Serialize};
+use std::fmt;
 
 use crate::plan::{
-    Allocator, AllocatorChoice, AllocatorKind, Amount, PlanRequest, Policy, Profile,
+    Allocator, AllocatorChoice, AllocatorKind, Amount, MemPolicy, PlanRequest, Policy, Profile,
+    WaitPolicy,
 };
 
+/// Why a configuration is in the table: the rules that treat rows apart
+/// (the baseline of every speed-up, the plan the search moves around) look at
+/// this, never at a name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Threads unset: what users have without threadwise; every speed-up's base.
+    Baseline,
+    /// The guides' rows: threads=N without pinning, the seed formulas.
+    Guide,
+    /// threadwise's plan, which the default search moves around.
+    Plan,
+    /// The plan with one change (the default search's rows).
+    OneChange,
+    /// The plan with every change that beat it (after the second round).
+    Combined,
+    /// A point of `--grid`.
+    GridPoint,
+    /// `--config NAME=...`.
+    User,
+}
+
+/// One change a configuration makes to a request: the keys of `--grid`,
+/// `--config` and the default search's rows. Strings only at the edge
+/// (`Change::parse`, `Display`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// Leave every thread variable out (and, unless a policy is given, pin nothing).
+    ThreadsUnset,
+    Threads(Amount),
+    Workers(Amount),
+    Policy(Policy),
+    Allocator(AllocatorChoice),
+    Mem(MemPolicy),
+    Smt(bool),
+    Profile(Profile),
+    Wait(WaitPolicy),
+}
+
+impl Change {
+    /// `key=value` as the user wrote it.
+    pub fn parse(key: &str, value: &str) -> Result<Change, GridError> {
+        let bad = |why: String| GridError::Value {
+            key: key.into(),
+            value: value.into(),
+            why,
+        };
+        Ok(match key {
+            "threads" if value == "unset" => Change::ThreadsUnset,
+            "threads" => Change::Threads(Amount::parse_threads(value).map_err(bad)?),
+            "workers" => Change::Workers(Amount::parse_workers(value).map_err(bad)?),
+            "policy" => Change::Policy(value.parse().map_err(bad)?),
+            "allocator" => Change::Allocator(value.parse().map_err(bad)?),
+            "mem" => Change::Mem(value.parse().map_err(bad)?),
+            "profile" => Change::Profile(value.parse().map_err(bad)?),
+            "wait" => Change::Wait(value.parse().map_err(bad)?),
+            "smt" => Change::Smt(match value {
+                "true" | "on" | "1" => true,
+                "false" | "off" | "0" => false,
+                _ => return Err(bad("expected true or false".into())),
+            }),
+            _ => return Err(GridError::Key(key.into())),
+        })
+    }
+
+    /// The key this change sets (one value per key in a combination).
+    pub fn key(&self) -> &'static str {
+        match self {
+            Change::ThreadsUnset | Change::Threads(_) => "threads",
+            Change::Workers(_) => "workers",
+            Change::Policy(_) => "policy",
+            Change::Allocator(_) => "allocator",
+            Change::Mem(_) => "mem",
+            Change::Smt(_) => "smt",
+            Change::Profile(_) => "profile",
+            Change::Wait(_) => "wait",
+        }
+    }
+
+    fn apply(&self, req: &mut PlanRequest) {
+        match self {
+            Change::ThreadsUnset => req.unset_threads = true,
+            Change::Threads(a) => req.threads = *a,
+            Change::Workers(a) => req.workers = *a,
+            Change::Policy(p) => req.policy = *p,
+            Change::Allocator(a) => req.allocator = *a,
+            Change::Mem(m) => req.mem = *m,
+            Change::Smt(b) => req.smt = *b,
+            Change::Profile(p) => req.profile = *p,
+            Change::Wait(w) => req.omp_wait = *w,
+        }
+    }
+}
+
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}=", self.key())?;
+        match self {
+            Change::ThreadsUnset => f.write_str("unset"),
+            Change::Threads(a) | Change::Workers(a) => write!(f, "{a}"),
+            Change::Policy(p) => write!(f, "{p}"),
+            Change::Allocator(a) => write!(f, "{a}"),
+            Change::Mem(m) => write!(f, "{m}"),
+            Change::Smt(b) => write!(f, "{b}"),
+            Change::Profile(p) => write!(f, "{p}"),
+            Change::Wait(w) => write!(f, "{w}"),
+        }
+    }
+}
+
+/// `base` with `changes` applied. Threads unset also means no pinning unless
+/// a policy is among the changes (the runtime's default).
+pub fn apply(base: &PlanRequest, changes: &[Change]) -> PlanRequest {
+    let mut request = base.clone();
+    for c in changes {
+        c.apply(&mut request);
+    }
+    if request.unset_threads {
+        request.threads = Amount::Auto;
+        if !changes.iter().any(|c| matches!(c, Change::Policy(_))) {
+            request.policy = Policy::None;
+        }
+    }
+    request
+}
+
 /// One complete launch configuration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TuneConfig {
     pub name: String,
+    pub role: Role,
     pub request: PlanRequest,
-    /// Remove the thread-count variables instead of setting them.
-    pub unset_threads: bool,
-    /// The one `key=value` this row changes from the plan (the default
-    /// search's rows; their best values are combined after the second round).
-    #[serde(default)]
-    pub axis: Option<(String, String)>,
+    /// The one change from the plan this row measures (the default search's
+    /// rows, and a row that launches exactly as one); their best values are
+    /// combined after the second round.
+    pub axis: Option<Change>,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -47,55 +172,31 @@ pub enum GridError {
     TooMany(usize),
 }
 
-/// Set one key on a request; returns whether threads are to be unset.
-fn apply_one(req: &mut PlanRequest, key: &str, value: &str) -> Result<bool, GridError> {
-    let bad = |why: String| GridError::Value {
-        key: key.into(),
-        value: value.into(),
-        why,
-    };
-    match key {
-        "threads" if value == "unset" => return Ok(true),
-        "threads" => req.threads = Amount::parse_threads(value).map_err(bad)?,
-        "workers" => req.workers = Amount::parse_workers(value).map_err(bad)?,
-        "policy" => req.policy = value.parse().map_err(bad)?,
-        "allocator" => req.allocator = value.parse().map_err(bad)?,
-        "mem" => req.mem = value.parse().map_err(bad)?,
-        "profile" => req.profile = value.parse().map_err(bad)?,
-        "wait" => req.omp_wait = value.parse().map_err(bad)?,
-        "smt" => {
-            req.smt = match value {
-                "true" | "on" | "1" => true,
-                "false" | "off" | "0" => false,
-                _ => return Err(bad("expected true or false".into())),
-            }
-        }
-        _ => return Err(GridError::Key(key.into())),
-    }
-    Ok(false)
+/// The changes `key=value` words ask for (the edge where strings end).
+fn parse_words(words: &[&str]) -> Result<Vec<Change>, GridError> {
+    words
+        .iter()
+        .map(|w| {
+            let (k, v) = w
+                .split_once('=')
+                .ok_or_else(|| GridError::Syntax(w.to_string()))?;
+            Change::parse(k, v)
+        })
+        .collect()
 }
 
 /// A configuration from `key=value` words over a base request.
-pub fn from_words(name: &str, base: &PlanRequest, words: &[&str]) -> Result<TuneConfig, GridError> {
-    let mut request = base.clone();
-    let mut unset = false;
-    for w in words {
-        let (k, v) = w
-            .split_once('=')
-            .ok_or_else(|| GridError::Syntax(w.to_string()))?;
-        unset |= apply_one(&mut request, k, v)?;
-    }
-    if unset {
-        // Nothing about threads applies; no pinning either (the runtime default).
-        request.threads = Amount::Auto;
-        if !words.iter().any(|w| w.starts_with("policy=")) {
-            request.policy = Policy::None;
-        }
-    }
+pub fn from_words(
+    name: &str,
+    role: Role,
+    base: &PlanRequest,
+    words: &[&str],
+) -> Result<TuneConfig, GridError> {
+    let changes = parse_words(words)?;
     Ok(TuneConfig {
         name: name.to_string(),
-        request,
-        unset_threads: unset,
+        role,
+        request: apply(base, &changes),
         axis: None,
     })
 }
@@ -106,12 +207,13 @@ fn unset(base: &PlanRequest) -> TuneConfig {
         allocator: AllocatorChoice::None,
         profile: Profile::Auto,
         threads: Amount::Auto,
+        unset_threads: true,
         ..base.clone()
     };
     TuneConfig {
         name: "unset".into(),
+        role: Role::Baseline,
         request,
-        unset_threads: true,
         axis: None,
     }
 }
@@ -130,81 +232,92 @@ pub fn defaults(
     planned: (usize, usize),
     allocators: &[Allocator],
 ) -> Vec<TuneConfig> {
-    let unpinned = |n: usize| TuneConfig {
-        name: format!("threads={n}"),
-        request: PlanRequest {
+    let guide = |name: String, request: PlanRequest| TuneConfig {
+        name,
+        role: Role::Guide,
+        request,
+        axis: None,
+    };
+    let unpinned = |n: usize| {
+        let request = PlanRequest {
             policy: Policy::None,
             threads: Amount::Fixed(n),
             allocator: AllocatorChoice::None,
             ..base.clone()
-        },
-        unset_threads: false,
-        axis: None,
+        };
+        guide(format!("threads={n}"), request)
     };
     let mut v = vec![unset(base), unpinned(4), unpinned(2), unpinned(1)];
-    v.push(TuneConfig {
-        name: "seed".into(),
-        request: PlanRequest {
+    v.push(guide(
+        "seed".into(),
+        PlanRequest {
             profile: Profile::Seed,
             policy: Policy::None,
             ..base.clone()
         },
-        unset_threads: false,
-        axis: None,
-    });
+    ));
     v.push(TuneConfig {
         name: "plan".into(),
+        role: Role::Plan,
         request: base.clone(),
-        unset_threads: false,
         axis: None,
     });
     let (threads, workers) = planned;
-    let mut axes: Vec<(&str, String)> = vec![];
+    let mut axes: Vec<Change> = vec![];
     if base.policy != Policy::None {
-        axes.push(("policy", "none".into()));
+        axes.push(Change::Policy(Policy::None));
     }
     if base.workers == Amount::Auto {
         for w in [0usize, 1, 2, 4].into_iter().filter(|w| *w != workers) {
-            axes.push(("workers", w.to_string()));
+            axes.push(Change::Workers(Amount::Fixed(w)));
         }
     }
-    for kind in [AllocatorKind::Tcmalloc, AllocatorKind::Jemalloc] {
+    for (kind, choice) in [
+        (AllocatorKind::Tcmalloc, AllocatorChoice::Tcmalloc),
+        (AllocatorKind::Jemalloc, AllocatorChoice::Jemalloc),
+    ] {
         if base.allocator == AllocatorChoice::None && allocators.iter().any(|a| a.kind == kind) {
-            axes.push(("allocator", kind.to_string()));
+            axes.push(Change::Allocator(choice));
         }
     }
-    if base.omp_wait == crate::plan::WaitPolicy::Default {
-        axes.push(("wait", "passive".into()));
-        axes.push(("wait", "active".into()));
+    if base.omp_wait == WaitPolicy::Default {
+        axes.push(Change::Wait(WaitPolicy::Passive));
+        axes.push(Change::Wait(WaitPolicy::Active));
     }
     if base.threads == Amount::Auto && threads != 1 {
-        axes.push(("threads", "1".into()));
+        axes.push(Change::Threads(Amount::Fixed(1)));
     }
-    for (k, val) in axes {
-        let word = format!("{k}={val}");
-        if let Ok(mut c) = from_words(&format!("plan {word}"), base, &[word.as_str()]) {
-            c.axis = Some((k.to_string(), val));
-            v.push(c);
-        }
+    for change in axes {
+        v.push(TuneConfig {
+            name: format!("plan {change}"),
+            role: Role::OneChange,
+            request: apply(base, std::slice::from_ref(&change)),
+            axis: Some(change),
+        });
     }
     v
 }
 
-/// The plan with every axis value that beat it, as one more configuration
-/// (None when fewer than two did: nothing to combine).
-pub fn combined(base: &PlanRequest, better: &[(String, String)]) -> Option<TuneConfig> {
-    let mut per_key: Vec<(String, String)> = vec![];
-    for (k, v) in better {
-        if !per_key.iter().any(|(pk, _)| pk == k) {
-            per_key.push((k.clone(), v.clone()));
+/// The plan with every change that beat it (best first; the first per key
+/// counts), as one more configuration (None when fewer than two keys did:
+/// nothing to combine).
+pub fn combined(base: &PlanRequest, better: &[Change]) -> Option<TuneConfig> {
+    let mut per_key: Vec<Change> = vec![];
+    for c in better {
+        if !per_key.iter().any(|p| p.key() == c.key()) {
+            per_key.push(c.clone());
         }
     }
     if per_key.len() < 2 {
         return None;
     }
-    let words: Vec<String> = per_key.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let refs: Vec<&str> = words.iter().map(String::as_str).collect();
-    from_words(&format!("plan {}", words.join(" ")), base, &refs).ok()
+    let words: Vec<String> = per_key.iter().map(Change::to_string).collect();
+    Some(TuneConfig {
+        name: format!("plan {}", words.join(" ")),
+        role: Role::Combined,
+        request: apply(base, &per_key),
+        axis: None,
+    })
 }
 
 /// The cartesian product of `key=v1,v2` items, after the unset baseline.
@@ -238,7 +351,7 @@ pub fn expand(base: &PlanRequest, grid: &[String]) -> Result<Vec<TuneConfig>, Gr
         }
         words.reverse();
         let refs: Vec<&str> = words.iter().map(String::as_str).collect();
-        out.push(from_words(&words.join(" "), base, &refs)?);
+        out.push(from_words(&words.join(" "), Role::GridPoint, base, &refs)?);
     }
     dedupe(out)
 }
@@ -252,7 +365,7 @@ pub fn parse_config(base: &PlanRequest, text: &str) -> Result<TuneConfig, GridEr
         return Err(GridError::Config(text.into()));
     }
     let words: Vec<&str> = rest.split_whitespace().collect();
-    from_words(name, base, &words)
+    from_words(name, Role::User, base, &words)
 }
 
 /// Refuse two configurations of one name; drop a later one that measures
@@ -263,10 +376,7 @@ pub fn dedupe(v: Vec<TuneConfig>) -> Result<Vec<TuneConfig>, GridError> {
         if out.iter().any(|d| d.name == c.name) {
             return Err(GridError::Duplicate(c.name.clone()));
         }
-        if !out
-            .iter()
-            .any(|d| d.request == c.request && d.unset_threads == c.unset_threads)
-        {
+        if !out.iter().any(|d| d.request == c.request) {
             out.push(c);
         }
     }
@@ -286,7 +396,9 @@ mod tests {
         .unwrap();
         assert_eq!(g.len(), 7);
         assert_eq!(g[0].name, "unset");
-        assert!(g[0].unset_threads);
+        assert_eq!(g[0].role, Role::Baseline);
+        assert!(g[0].request.unset_threads);
+        assert_eq!(g[1].role, Role::GridPoint);
         assert_eq!(g[1].name, "threads=1 policy=none");
         assert_eq!(g[2].name, "threads=1 policy=exclusive");
         assert_eq!(g[6].request.threads, Amount::Fixed(4));
@@ -351,10 +463,53 @@ mod tests {
         let all = defaults(&PlanRequest::default(), (1, 1), &[]);
         let passive = all.iter().find(|c| c.name == "plan wait=passive").unwrap();
         assert_eq!(passive.request.omp_wait, crate::plan::WaitPolicy::Passive);
+        assert_eq!(passive.role, Role::OneChange);
+        assert_eq!(passive.axis, Some(Change::Wait(WaitPolicy::Passive)));
+        assert_eq!(all.iter().filter(|c| c.role == Role::Plan).count(), 1);
         assert!(
             !all.iter()
                 .any(|c| c.name == "plan workers=1" || c.name == "plan threads=1")
         );
         assert!(dedupe([all.clone(), all].concat()).is_err());
+    }
+
+    #[test]
+    fn changes_read_and_print_alike() {
+        for (k, v) in [
+            ("threads", "unset"),
+            ("threads", "2"),
+            ("threads", "auto"),
+            ("workers", "0"),
+            ("policy", "none"),
+            ("allocator", "jemalloc"),
+            ("mem", "interleave"),
+            ("smt", "true"),
+            ("profile", "seed"),
+            ("wait", "passive"),
+        ] {
+            let c = Change::parse(k, v).unwrap();
+            assert_eq!(c.to_string(), format!("{k}={v}"));
+            assert_eq!(c.key(), k);
+        }
+        // Threads unset pins nothing unless a policy is asked for too.
+        let base = PlanRequest::default();
+        let r = apply(&base, &[Change::ThreadsUnset]);
+        assert!(r.unset_threads && r.policy == Policy::None);
+        let r = apply(&base, &[Change::ThreadsUnset, Change::Policy(Policy::L3)]);
+        assert_eq!(r.policy, Policy::L3);
+        // A combination keeps the first (best) value per key.
+        let c = combined(
+            &base,
+            &[
+                Change::Workers(Amount::Fixed(4)),
+                Change::Wait(WaitPolicy::Active),
+                Change::Workers(Amount::Fixed(0)),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.name, "plan workers=4 wait=active");
+        assert_eq!(c.role, Role::Combined);
+        assert_eq!(c.request.workers, Amount::Fixed(4));
+        assert!(combined(&base, &[Change::Workers(Amount::Fixed(4))]).is_none());
     }
 }

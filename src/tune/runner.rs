@@ -1,18 +1,19 @@
-//! The real trial runner: plan the configuration on this machine, launch its
-//! ranks with `launch::supervise` (output captured, not shown), and turn the
+//! The real trial runner: plan each configuration on this machine once, launch
+//! its ranks with `launch::supervise` (output captured, not shown), and turn the
 //! ranks' wait4 figures and the NVML samples into a `TrialOutcome`.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::metric::{Hit, Metric};
-use super::{TrialOutcome, TuneConfig};
+use super::{LaunchKey, TrialEnd, TrialOutcome, TuneConfig};
 use crate::launch::output::{LineSink, OutputOptions};
 use crate::launch::supervise::{self, RunOptions};
-use crate::launch::{check_placements, node_launches, plan_launches};
+use crate::launch::{RankLaunch, check_placements, node_launches, plan_launches};
 use crate::measure::gpu::GpuSampler;
-use crate::plan::{Facts, plan};
+use crate::plan::{Facts, Plan, plan};
 use crate::topology::Topology;
 
 pub struct Runner {
@@ -22,15 +23,44 @@ pub struct Runner {
     pub timeout: Duration,
     pub grace: Duration,
     pub gpu: Option<GpuSampler>,
+    /// Each configuration's plan, made once (by name: names are unique).
+    plans: Mutex<HashMap<String, Result<Plan, String>>>,
 }
 
 impl Runner {
-    fn launches(&self, c: &TuneConfig) -> Result<Vec<crate::launch::RankLaunch>, String> {
-        let mut p = plan(&self.topology, &c.request, &self.facts)
-            .map_err(|e| format!("{e} ({})", e.hint()))?;
-        if c.unset_threads {
-            p.unset_threads();
+    pub fn new(
+        topology: Topology,
+        facts: Facts,
+        argv: Vec<OsString>,
+        timeout: Duration,
+        grace: Duration,
+        gpu: Option<GpuSampler>,
+    ) -> Runner {
+        Runner {
+            topology,
+            facts,
+            argv,
+            timeout,
+            grace,
+            gpu,
+            plans: Mutex::default(),
         }
+    }
+
+    /// The configuration's plan, from the cache after the first time.
+    fn plan_of(&self, c: &TuneConfig) -> Result<Plan, String> {
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        plans
+            .entry(c.name.clone())
+            .or_insert_with(|| {
+                plan(&self.topology, &c.request, &self.facts)
+                    .map_err(|e| format!("{e} ({})", e.hint()))
+            })
+            .clone()
+    }
+
+    fn launches(&self, c: &TuneConfig) -> Result<Vec<RankLaunch>, String> {
+        let p = self.plan_of(c)?;
         let ls = node_launches(&p, &self.argv, "127.0.0.1", None).map_err(|e| e.to_string())?;
         check_placements(&ls).map_err(|e| e.to_string())?;
         Ok(ls)
@@ -38,11 +68,8 @@ impl Runner {
 }
 
 impl super::TrialRunner for Runner {
-    fn launch_key(&self, c: &TuneConfig) -> Option<String> {
-        let mut p = plan(&self.topology, &c.request, &self.facts).ok()?;
-        if c.unset_threads {
-            p.unset_threads();
-        }
+    fn launch_key(&self, c: &TuneConfig) -> Option<LaunchKey> {
+        let p = self.plan_of(c).ok()?;
         // A fixed job: the port and run id differ between any two launches.
         let job = crate::launch::env::Job {
             nproc: p.nproc,
@@ -50,18 +77,13 @@ impl super::TrialRunner for Runner {
             master_port: 0,
             run_id: String::new(),
         };
-        Some(format!("{:?}", plan_launches(&p, &self.argv, &job)))
+        Some(plan_launches(&p, &self.argv, &job))
     }
 
     fn run(&mut self, c: &TuneConfig, metric: &Metric) -> TrialOutcome {
         let launches = match self.launches(c) {
             Ok(l) => l,
-            Err(e) => {
-                return TrialOutcome {
-                    error: Some(e),
-                    ..Default::default()
-                };
-            }
+            Err(e) => return TrialOutcome::not_started(e),
         };
         // The metric is applied as lines arrive: nothing but the last hit
         // and the stderr tails is kept, however much the ranks print.
@@ -94,37 +116,35 @@ impl super::TrialRunner for Runner {
         let gpu = self.gpu.as_mut().map(GpuSampler::stop);
         let o = match outcome {
             Ok(o) => o,
-            Err(e) => {
-                return TrialOutcome {
-                    error: Some(e.to_string()),
-                    ..Default::default()
-                };
-            }
+            Err(e) => return TrialOutcome::not_started(e.to_string()),
         };
-        let failure = o.first_failure.map(|i| {
+        let end = if o.signal.is_some() {
+            TrialEnd::Interrupted
+        } else if o.timed_out {
+            TrialEnd::TimedOut
+        } else if let Some(i) = o.first_failure {
             let r = &o.results[i];
-            format!(
-                "rank {} (pid {}) {}",
-                r.local_rank,
-                r.pid,
-                r.exit.describe()
-            )
-        });
+            TrialEnd::RankFailed {
+                local_rank: r.local_rank,
+                pid: r.pid,
+                exit: r.exit,
+            }
+        } else {
+            TrialEnd::Ok
+        };
         let tail = o
             .first_failure
             .and_then(|i| o.tails.get(i).cloned())
             .unwrap_or_default();
         let hit = hit.lock().unwrap_or_else(|e| e.into_inner()).take();
         TrialOutcome {
+            end,
             hit,
             wall: o.wall,
             cpu: o.results.iter().map(|r| r.cpu).sum(),
             voluntary_cs: o.results.iter().map(|r| r.voluntary_cs).sum(),
             involuntary_cs: o.results.iter().map(|r| r.involuntary_cs).sum(),
             peak_rss_kib: o.results.iter().map(|r| r.max_rss_kib).sum(),
-            failure,
-            timed_out: o.timed_out,
-            interrupted: o.signal.is_some(),
             stderr_tail: if o.timed_out && tail.is_empty() {
                 o.tails.first().cloned().unwrap_or_default()
             } else {
@@ -132,7 +152,6 @@ impl super::TrialRunner for Runner {
             },
             gpu_util_pct: gpu.and_then(|g| g.util_pct),
             gpu_mem_mib: gpu.and_then(|g| g.mem_mib),
-            error: None,
         }
     }
 }

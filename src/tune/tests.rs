@@ -1,4 +1,7 @@
 use std::collections::HashMap;
+use std::time::Duration;
+
+use super::metric::Metric;
 
 use super::*;
 use crate::plan::PlanRequest;
@@ -13,15 +16,15 @@ struct Fake {
 }
 
 impl TrialRunner for Fake {
-    fn launch_key(&self, c: &TuneConfig) -> Option<String> {
-        self.keys.get(&c.name).cloned()
+    fn launch_key(&self, c: &TuneConfig) -> Option<LaunchKey> {
+        self.keys.get(&c.name).map(|k| key_of(k))
     }
 
     fn run(&mut self, c: &TuneConfig, metric: &Metric) -> TrialOutcome {
         self.calls.push(c.name.clone());
         if Some(self.calls.len()) == self.interrupt_at {
             return TrialOutcome {
-                interrupted: true,
+                end: TrialEnd::Interrupted,
                 ..Default::default()
             };
         }
@@ -29,7 +32,11 @@ impl TrialRunner for Fake {
         let r = list.remove(0);
         if r < 0.0 {
             return TrialOutcome {
-                failure: Some("rank 0 exited with code 1".into()),
+                end: TrialEnd::RankFailed {
+                    local_rank: 0,
+                    pid: 4121,
+                    exit: crate::launch::supervise::Exit::Code(1),
+                },
                 stderr_tail: vec!["Traceback".into()],
                 wall: Duration::from_secs(1),
                 ..Default::default()
@@ -47,14 +54,41 @@ impl TrialRunner for Fake {
     }
 }
 
+/// A launch that stands for the string `k` (the fake's launch keys).
+fn key_of(k: &str) -> LaunchKey {
+    vec![crate::launch::RankLaunch {
+        local_rank: 0,
+        argv: vec![k.into()],
+        program: None,
+        env: Default::default(),
+        env_remove: vec![],
+        placement: Default::default(),
+        cpus: String::new(),
+        mem: String::new(),
+        worker_mask: None,
+    }]
+}
+
+/// Configurations by name; `unset` is the baseline and `plan` the plan (their
+/// roles), the rest grid points.
 fn configs(names: &[&str]) -> Vec<TuneConfig> {
     names
         .iter()
-        .map(|n| TuneConfig {
-            name: n.to_string(),
-            request: PlanRequest::default(),
-            unset_threads: *n == "unset",
-            axis: None,
+        .map(|n| {
+            let (role, unset_threads) = match *n {
+                "unset" => (grid::Role::Baseline, true),
+                "plan" => (grid::Role::Plan, false),
+                _ => (grid::Role::GridPoint, false),
+            };
+            TuneConfig {
+                name: n.to_string(),
+                role,
+                request: PlanRequest {
+                    unset_threads,
+                    ..Default::default()
+                },
+                axis: None,
+            }
         })
         .collect()
 }
@@ -148,6 +182,10 @@ fn failures_are_reported_and_the_rest_goes_on() {
     let bad = &r.configs[1];
     assert_eq!(bad.trials[0].status, TrialStatus::Failed);
     assert_eq!(bad.trials[0].stderr_tail, ["Traceback"]);
+    assert_eq!(
+        bad.trials[0].message.as_deref(),
+        Some("rank 0 (pid 4121) exited with code 1")
+    );
     assert_eq!(bad.throughput.unwrap().n, 1);
     assert_eq!(r.winner.as_deref(), Some("bad"));
 }
@@ -259,9 +297,15 @@ fn default_search(f: &mut Fake, rows: &[&str], axes: &[(&str, &str)]) -> TuneRep
     let base = PlanRequest::default();
     let mut cs = configs(rows);
     for (k, v) in axes {
-        let mut c =
-            grid::from_words(&format!("plan {k}={v}"), &base, &[&format!("{k}={v}")]).unwrap();
-        c.axis = Some((k.to_string(), v.to_string()));
+        let word = format!("{k}={v}");
+        let mut c = grid::from_words(
+            &format!("plan {word}"),
+            grid::Role::OneChange,
+            &base,
+            &[&word],
+        )
+        .unwrap();
+        c.axis = Some(grid::Change::parse(k, v).unwrap());
         cs.push(c);
     }
     let o = TuneOptions {

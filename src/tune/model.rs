@@ -1,0 +1,373 @@
+//! What tune measures and reports: how a trial ended, the trials and
+//! configurations as reported, the report itself, and the runner's trait.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::TuneConfig;
+use super::metric::{self, Metric};
+use super::stats::Summary;
+use crate::launch::supervise::Exit;
+
+pub const TUNE_SCHEMA: &str = "threadwise.tune/1";
+
+/// The unit shown before any trial has printed one.
+pub const NO_UNIT_YET: &str = "per s";
+
+/// How one launch of a configuration ended, from the runner to the report
+/// (nextest's `ExecutionResult`): one value, never re-classified later.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum TrialEnd {
+    /// Every rank exited 0.
+    #[default]
+    Ok,
+    /// A rank exited non-zero or was killed: the first one that did.
+    RankFailed {
+        local_rank: usize,
+        pid: i32,
+        exit: Exit,
+    },
+    /// Stopped after --timeout.
+    TimedOut,
+    /// The user pressed Ctrl-C (or sent a signal): stop tuning.
+    Interrupted,
+    /// Could not start at all (a plan this machine cannot satisfy, a missing
+    /// allocator...): why.
+    NotStarted(String),
+}
+
+impl TrialEnd {
+    /// The trial's status, before the metric is looked at.
+    pub fn status(&self) -> TrialStatus {
+        match self {
+            TrialEnd::Ok => TrialStatus::Ok,
+            TrialEnd::RankFailed { .. } => TrialStatus::Failed,
+            TrialEnd::TimedOut => TrialStatus::Timeout,
+            TrialEnd::Interrupted => TrialStatus::Interrupted,
+            TrialEnd::NotStarted(_) => TrialStatus::Error,
+        }
+    }
+
+    /// What the report says of an unsuccessful end.
+    pub fn message(&self) -> Option<String> {
+        match self {
+            TrialEnd::Ok | TrialEnd::Interrupted => None,
+            TrialEnd::RankFailed {
+                local_rank,
+                pid,
+                exit,
+            } => Some(format!("rank {local_rank} (pid {pid}) {}", exit.describe())),
+            TrialEnd::TimedOut => Some("timed out".into()),
+            TrialEnd::NotStarted(why) => Some(why.clone()),
+        }
+    }
+}
+
+/// What one launch of a configuration produced (from the runner).
+#[derive(Debug, Clone, Default)]
+pub struct TrialOutcome {
+    pub end: TrialEnd,
+    /// The last throughput the ranks printed (the metric applied as lines arrived).
+    pub hit: Option<metric::Hit>,
+    pub wall: Duration,
+    pub cpu: Duration,
+    pub voluntary_cs: i64,
+    pub involuntary_cs: i64,
+    pub peak_rss_kib: i64,
+    pub stderr_tail: Vec<String>,
+    pub gpu_util_pct: Option<f64>,
+    pub gpu_mem_mib: Option<f64>,
+}
+
+impl TrialOutcome {
+    /// An outcome of a trial that could not start.
+    pub fn not_started(why: String) -> TrialOutcome {
+        TrialOutcome {
+            end: TrialEnd::NotStarted(why),
+            ..Default::default()
+        }
+    }
+}
+
+/// Runs one configuration once, applying `metric` to the output as it streams.
+pub trait TrialRunner {
+    fn run(&mut self, config: &TuneConfig, metric: &Metric) -> TrialOutcome;
+    /// What a configuration launches (environment, CPU and memory placement,
+    /// argv of every rank), so that two configurations which launch the same
+    /// thing are measured once. None: unknown, never merged.
+    fn launch_key(&self, _config: &TuneConfig) -> Option<LaunchKey> {
+        None
+    }
+}
+
+/// What a configuration launches, compared whole (`Eq`): every rank's
+/// environment, placement and argv, for a fixed port and run id.
+pub type LaunchKey = Vec<crate::launch::RankLaunch>;
+
+/// How one trial ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TrialStatus {
+    /// Every rank exited 0: the trial is measured.
+    Ok,
+    /// A rank exited non-zero or was killed.
+    Failed,
+    /// Stopped after --timeout.
+    Timeout,
+    /// Could not start (a plan this machine cannot satisfy, a missing allocator...).
+    Error,
+    /// The user stopped tuning during this trial.
+    Interrupted,
+    /// It ran, but printed no throughput (or one in another unit): counted, not scored.
+    NoMetric,
+}
+
+impl TrialStatus {
+    pub fn name(self) -> &'static str {
+        match self {
+            TrialStatus::Ok => "ok",
+            TrialStatus::Failed => "failed",
+            TrialStatus::Timeout => "timeout",
+            TrialStatus::Error => "error",
+            TrialStatus::Interrupted => "interrupted",
+            TrialStatus::NoMetric => "no-metric",
+        }
+    }
+}
+
+impl std::fmt::Display for TrialStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Something the reader of a report must know (hyperfine's `Warnings`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Warning {
+    /// Tuning stopped early; the report holds what was measured.
+    Interrupted { config: String, round: usize },
+    /// No throughput in the output: configurations are ranked by 1 / wall time.
+    WallMetric,
+}
+
+impl std::fmt::Display for Warning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Warning::Interrupted { config, round } => write!(
+                f,
+                "interrupted during {config} round {round}; the report holds what was measured"
+            ),
+            Warning::WallMetric => {
+                f.write_str("no throughput found in the output (--metric): ranked by 1 / wall time")
+            }
+        }
+    }
+}
+
+/// Where the throughput came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricSource {
+    /// Parsed from the ranks' output (--metric or the default shapes).
+    Output,
+    /// 1 / wall time, because the output had none.
+    Wall,
+}
+
+/// How a configuration compares with the winner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    Winner,
+    /// Its range overlaps the winner's: the data cannot tell them apart.
+    NotDistinguishable,
+    None,
+}
+
+impl Mark {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mark::Winner => "winner",
+            Mark::NotDistinguishable => "not distinguishable",
+            Mark::None => "",
+        }
+    }
+}
+
+/// One measured trial, as reported.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Trial {
+    pub round: usize,
+    pub status: TrialStatus,
+    pub throughput: Option<f64>,
+    pub wall_s: f64,
+    pub cpu_util_pct: f64,
+    pub voluntary_cs_per_s: f64,
+    pub involuntary_cs_per_s: f64,
+    pub peak_rss_mib: f64,
+    pub gpu_util_pct: Option<f64>,
+    pub gpu_mem_mib: Option<f64>,
+    pub message: Option<String>,
+    pub stderr_tail: Vec<String>,
+    /// The line the throughput was read from (rank, text, unit).
+    #[serde(default)]
+    pub hit: Option<metric::Hit>,
+    /// Further than 3 scaled MADs from its configuration's median.
+    #[serde(default)]
+    pub outlier: bool,
+}
+
+/// One configuration's results.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConfigResult {
+    pub name: String,
+    pub options: String,
+    pub throughput: Option<Summary>,
+    pub speedup: Option<f64>,
+    pub cpu_util_pct: Option<f64>,
+    pub voluntary_cs_per_s: Option<f64>,
+    pub involuntary_cs_per_s: Option<f64>,
+    pub peak_rss_mib: Option<f64>,
+    pub gpu_util_pct: Option<f64>,
+    pub gpu_mem_mib: Option<f64>,
+    /// The 95% intervals of the winner's median and this one's overlap: the
+    /// data cannot tell them apart.
+    pub indistinguishable_from_winner: bool,
+    /// Dropped by --strategy halving after this round.
+    pub dropped_after_round: Option<usize>,
+    /// Other configurations that launch exactly as this one (same environment,
+    /// placement and argv for every rank): measured once, under this name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub same_launch: Vec<String>,
+    /// Where its throughput was read: the latest scored trial's line.
+    #[serde(default)]
+    pub read_from: Option<metric::Hit>,
+    /// Its first trial was more than 10% below the median of the others.
+    #[serde(default)]
+    pub slow_first_trial: bool,
+    pub trials: Vec<Trial>,
+}
+
+/// The whole report (`--export-json`, schema threadwise.tune/1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TuneReport {
+    pub schema: String,
+    pub command: Vec<String>,
+    pub nproc: usize,
+    pub source: String,
+    pub cpu_budget: f64,
+    pub runs: usize,
+    pub warmup: usize,
+    pub metric: MetricSource,
+    pub unit: String,
+    pub configs: Vec<ConfigResult>,
+    pub baseline: Option<String>,
+    pub winner: Option<String>,
+    /// False while running and when interrupted.
+    pub complete: bool,
+    pub warnings: Vec<Warning>,
+}
+
+impl TuneReport {
+    /// How `c` compares with the winner.
+    pub fn mark(&self, c: &ConfigResult) -> Mark {
+        if self.winner.as_deref() == Some(c.name.as_str()) {
+            Mark::Winner
+        } else if c.indistinguishable_from_winner {
+            Mark::NotDistinguishable
+        } else {
+            Mark::None
+        }
+    }
+}
+
+crate::named_enum! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Strategy ("a strategy,") {
+        /// Halving when there are more than 8 configurations, else all.
+        Auto => "auto",
+        /// Every configuration every round.
+        All => "all",
+        /// After each round, drop configurations clearly worse than the best one.
+        Halving => "halving",
+    }
+}
+
+/// How to tune.
+#[derive(Debug, Clone)]
+pub struct TuneOptions {
+    /// With the default search: the plan's request, to combine the axis
+    /// values that beat the plan into one more configuration.
+    pub combine: Option<crate::plan::PlanRequest>,
+    pub runs: usize,
+    /// Extra rounds, up to this many trials, for a close race (>= runs).
+    pub max_runs: usize,
+    pub warmup: usize,
+    pub strategy: Strategy,
+    pub metric: Metric,
+    pub cpu_budget: f64,
+}
+
+/// Progress events for the caller (progress bar, file rewrites).
+pub enum Event<'a> {
+    Start {
+        total: usize,
+    },
+    TrialStart {
+        config: &'a str,
+        round: usize,
+        warmup: bool,
+    },
+    /// After every measured trial: the report so far (write files now).
+    Updated(&'a TuneReport),
+}
+
+impl ConfigResult {
+    /// A configuration with nothing measured yet.
+    pub fn new(name: &str, options: String) -> ConfigResult {
+        ConfigResult {
+            name: name.to_string(),
+            options,
+            throughput: None,
+            speedup: None,
+            cpu_util_pct: None,
+            voluntary_cs_per_s: None,
+            involuntary_cs_per_s: None,
+            peak_rss_mib: None,
+            gpu_util_pct: None,
+            gpu_mem_mib: None,
+            indistinguishable_from_winner: false,
+            dropped_after_round: None,
+            same_launch: vec![],
+            read_from: None,
+            slow_first_trial: false,
+            trials: vec![],
+        }
+    }
+}
+
+/// An empty report for a run.
+pub fn new_report(
+    command: Vec<String>,
+    nproc: usize,
+    source: String,
+    cpu_budget: f64,
+) -> TuneReport {
+    TuneReport {
+        schema: TUNE_SCHEMA.to_string(),
+        command,
+        nproc,
+        source,
+        cpu_budget,
+        runs: 0,
+        warmup: 0,
+        metric: MetricSource::Output,
+        unit: NO_UNIT_YET.into(),
+        configs: vec![],
+        baseline: None,
+        winner: None,
+        complete: false,
+        warnings: vec![],
+    }
+}

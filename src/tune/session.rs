@@ -1,0 +1,350 @@
+//! The tuning loop: interleaved rounds over the configurations (A B C A B C,
+//! so drift hits all alike), halving, the default search's combination, and
+//! more rounds for a close race. Pure over a `TrialRunner`, so tests drive it
+//! with a mock.
+
+use super::grid::{self, Role};
+use super::model::{
+    ConfigResult, Event, LaunchKey, MetricSource, NO_UNIT_YET, Strategy, TrialOutcome, TrialRunner,
+    TuneOptions, TuneReport, Warning,
+};
+use super::outcome::{describe, finish, trial};
+use super::{TrialEnd, TuneConfig};
+
+/// The default search drops, after its first measured round, a configuration
+/// whose trial is below this fraction of the round's best: a factor of two is
+/// more than one trial moved between rounds in any measurement behind the
+/// README (1.5 at most).
+pub const FIRST_ROUND_CUT: f64 = 0.5;
+
+/// Halving's second-round test also needs the median this far below the
+/// leader's: one trial's spread here is about 10%, so two medians of two
+/// trials differ by up to about 20% with nothing between them.
+pub const CLEARLY_WORSE: f64 = 0.8;
+
+/// After one measured round: configurations (not the baseline, which every
+/// speed-up needs) whose trial is below FIRST_ROUND_CUT of the best trial.
+fn far_behind(report: &TuneReport, active: &[usize]) -> Vec<usize> {
+    let value = |i: usize| report.configs[i].throughput.map(|t| t.median);
+    let Some(best) = active.iter().filter_map(|&i| value(i)).reduce(f64::max) else {
+        return vec![];
+    };
+    active
+        .iter()
+        .copied()
+        .filter(|&i| report.baseline.as_deref() != Some(report.configs[i].name.as_str()))
+        .filter(|&i| value(i).is_some_and(|v| v < FIRST_ROUND_CUT * best))
+        .collect()
+}
+
+/// Configurations that launch exactly as an earlier one are left out; the
+/// earlier one lists their names (and takes over the axis of a default-search
+/// row, so the combination still sees it).
+fn merge_same_launch(
+    configs: &[TuneConfig],
+    runner: &dyn TrialRunner,
+) -> (Vec<TuneConfig>, Vec<Vec<String>>) {
+    let mut kept: Vec<(Option<LaunchKey>, TuneConfig, Vec<String>)> = vec![];
+    for c in configs {
+        let key = runner.launch_key(c);
+        let same = key
+            .as_ref()
+            .and_then(|k| kept.iter_mut().find(|(kk, _, _)| kk.as_ref() == Some(k)));
+        match same {
+            Some((_, first, names)) => {
+                names.push(c.name.clone());
+                if first.axis.is_none() {
+                    first.axis = c.axis.clone();
+                }
+            }
+            None => kept.push((key, c.clone(), vec![])),
+        }
+    }
+    kept.into_iter().map(|(_, c, n)| (c, n)).unzip()
+}
+
+/// Configurations clearly worse than the best: their best trial is below the
+/// best configuration's worst and their median more than CLEARLY_WORSE below
+/// its median. Ranges alone are weak with two trials each: two equally fast
+/// configurations fail to overlap one time in six (1 of the C(4,2) orders).
+fn clearly_worse(report: &TuneReport, active: &[usize]) -> Vec<usize> {
+    let best = active
+        .iter()
+        .filter_map(|&i| report.configs[i].throughput)
+        .max_by(|a, b| a.median.total_cmp(&b.median));
+    let Some(best) = best else { return vec![] };
+    active
+        .iter()
+        .copied()
+        .filter(|&i| {
+            report.configs[i]
+                .throughput
+                .is_none_or(|t| t.max < best.min && t.median < CLEARLY_WORSE * best.median)
+        })
+        .collect()
+}
+
+/// The tuning loop's state between trials.
+struct Session<'a> {
+    configs: Vec<TuneConfig>,
+    opts: &'a TuneOptions,
+    report: TuneReport,
+    /// How throughput is read, decided by the first trial that succeeds: from
+    /// the output when it printed a rate, else (for every trial) 1 / wall time.
+    mode: Option<MetricSource>,
+    /// The unit every scored trial must share, from that first trial (None:
+    /// not decided yet, or a --metric pattern, which has none).
+    unit: Option<String>,
+}
+
+impl Session<'_> {
+    /// One round over `which`; false when the user interrupted.
+    fn round(
+        &mut self,
+        which: &[usize],
+        round: usize,
+        runner: &mut dyn TrialRunner,
+        on_event: &mut dyn FnMut(Event),
+    ) -> bool {
+        let warm = round < self.opts.warmup;
+        for &i in which {
+            on_event(Event::TrialStart {
+                config: &self.configs[i].name.clone(),
+                round,
+                warmup: warm,
+            });
+            let o = runner.run(&self.configs[i], &self.opts.metric);
+            if o.end == TrialEnd::Interrupted {
+                self.report.warnings.push(Warning::Interrupted {
+                    config: self.configs[i].name.clone(),
+                    round,
+                });
+                finish(&mut self.report);
+                on_event(Event::Updated(&self.report));
+                return false;
+            }
+            if !warm {
+                self.measured(i, round - self.opts.warmup, &o);
+                on_event(Event::Updated(&self.report));
+            }
+        }
+        true
+    }
+
+    fn measured(&mut self, i: usize, round: usize, o: &TrialOutcome) {
+        let r = &mut self.report;
+        if self.mode.is_none() && o.end == TrialEnd::Ok {
+            let m = if o.hit.is_some() {
+                MetricSource::Output
+            } else {
+                r.warnings.push(Warning::WallMetric);
+                MetricSource::Wall
+            };
+            self.unit = match m {
+                MetricSource::Wall => Some("runs/s".into()),
+                MetricSource::Output => o.hit.as_ref().and_then(|h| h.unit.clone()),
+            };
+            r.metric = m;
+            r.unit = self.unit.clone().unwrap_or_else(|| NO_UNIT_YET.into());
+            self.mode = Some(m);
+        }
+        let unit = match self.mode {
+            Some(MetricSource::Output) => self.unit.as_deref(),
+            _ => None,
+        };
+        let t = trial(
+            o,
+            round,
+            self.opts.cpu_budget,
+            self.mode.unwrap_or(MetricSource::Output),
+            unit,
+        );
+        if t.status == super::TrialStatus::Ok && t.hit.is_some() {
+            r.configs[i].read_from = t.hit.clone();
+        }
+        r.configs[i].trials.push(t);
+        finish(r);
+    }
+
+    /// The default search's combination: every axis value whose median beat
+    /// the plan's, the best per key; added as one more configuration unless
+    /// it launches as one already measured.
+    fn combine(
+        &mut self,
+        base: &crate::plan::PlanRequest,
+        active: &mut Vec<usize>,
+        runner: &dyn TrialRunner,
+    ) -> Option<usize> {
+        let r = &self.report;
+        let at = self.configs.iter().position(|c| c.role == Role::Plan)?;
+        let plan = r.configs[at].throughput?;
+        let mut better: Vec<(f64, grid::Change)> = self
+            .configs
+            .iter()
+            .zip(&r.configs)
+            .filter_map(|(c, res)| {
+                let m = res.throughput?.median;
+                Some((m, c.axis.clone()?)).filter(|_| m > plan.median)
+            })
+            .collect();
+        better.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let axes: Vec<grid::Change> = better.into_iter().map(|(_, a)| a).collect();
+        let c = grid::combined(base, &axes)?;
+        let key = runner.launch_key(&c);
+        if self.configs.iter().any(|x| {
+            x.name == c.name
+                || x.request == c.request
+                || (key.is_some() && runner.launch_key(x) == key)
+        }) {
+            return None;
+        }
+        self.report
+            .configs
+            .push(ConfigResult::new(&c.name, describe(&c)));
+        self.configs.push(c);
+        let i = self.configs.len() - 1;
+        active.push(i);
+        Some(i)
+    }
+
+    /// The winner and the configurations it cannot be told apart from.
+    fn close_race(&self, active: &[usize]) -> Vec<usize> {
+        let r = &self.report;
+        active
+            .iter()
+            .copied()
+            .filter(|&i| {
+                let c = &r.configs[i];
+                r.winner.as_deref() == Some(c.name.as_str()) || c.indistinguishable_from_winner
+            })
+            .collect()
+    }
+}
+
+/// Run every configuration `runs` times (after `warmup` rounds), interleaved;
+/// then, up to `max_runs`, more rounds of the winner and the configurations it
+/// cannot be told apart from, while there are any.
+pub fn tune(
+    configs: &[TuneConfig],
+    mut report: TuneReport,
+    opts: &TuneOptions,
+    runner: &mut dyn TrialRunner,
+    on_event: &mut dyn FnMut(Event),
+) -> TuneReport {
+    let (configs, same) = merge_same_launch(configs, runner);
+    report.configs = configs
+        .iter()
+        .zip(same)
+        .map(|(c, same)| ConfigResult {
+            same_launch: same,
+            ..ConfigResult::new(&c.name, describe(c))
+        })
+        .collect();
+    report.baseline = configs
+        .iter()
+        .find(|c| c.role == Role::Baseline)
+        .or(configs.first())
+        .map(|c| c.name.clone());
+    report.runs = opts.runs;
+    report.warmup = opts.warmup;
+    let mut total = configs.len() * (opts.runs + opts.warmup);
+    on_event(Event::Start { total });
+    let halving = match opts.strategy {
+        Strategy::Auto => configs.len() > 8,
+        s => s == Strategy::Halving,
+    };
+    let mut s = Session {
+        configs: configs.clone(),
+        opts,
+        report,
+        mode: None,
+        unit: None,
+    };
+    let mut active: Vec<usize> = (0..configs.len()).collect();
+    let mut late: Option<usize> = None;
+    for round in 0..opts.warmup + opts.runs {
+        // Halving left one configuration (and no combination came): nothing
+        // to compare it with, so no more rounds.
+        if active.len() < 2 && active.len() < s.configs.len() && round > opts.warmup + 1 {
+            total = s
+                .report
+                .configs
+                .iter()
+                .map(|c| c.trials.len())
+                .sum::<usize>()
+                + opts.warmup * s.configs.len();
+            on_event(Event::Start { total });
+            break;
+        }
+        if !s.round(&active.clone(), round, runner, on_event) {
+            return s.report;
+        }
+        // One trial is no range: after the first measured round halving only
+        // drops what is far behind; from the second, what is clearly worse.
+        if round == opts.warmup && halving && round + 1 < opts.warmup + opts.runs {
+            let far = far_behind(&s.report, &active);
+            for &i in &far {
+                s.report.configs[i].dropped_after_round = Some(0);
+            }
+            active.retain(|i| !far.contains(i));
+        }
+        if round == opts.warmup + 1 {
+            if halving && round + 1 < opts.warmup + opts.runs {
+                let worse = clearly_worse(&s.report, &active);
+                for &i in &worse {
+                    s.report.configs[i].dropped_after_round = Some(round - opts.warmup);
+                }
+                active.retain(|i| !worse.contains(i));
+            }
+            if let Some(base) = &opts.combine {
+                late = s.combine(base, &mut active, &*runner);
+                if late.is_some() {
+                    total += opts.runs;
+                    on_event(Event::Start { total });
+                }
+            }
+        }
+    }
+    // A combination that joined late runs on beside the winner until it has
+    // as many trials as the others.
+    if let Some(c) = late {
+        let mut round = opts.warmup + opts.runs;
+        while s.report.configs[c].trials.len() < opts.runs {
+            let winner = s
+                .report
+                .winner
+                .as_ref()
+                .and_then(|w| s.report.configs.iter().position(|x| &x.name == w));
+            let mut which = vec![c];
+            which.extend(winner.filter(|w| *w != c));
+            total += which.len().saturating_sub(1);
+            on_event(Event::Start { total });
+            if !s.round(&which, round, runner, on_event) {
+                return s.report;
+            }
+            round += 1;
+        }
+    }
+    let first_extra = opts.warmup
+        + s.report
+            .configs
+            .iter()
+            .map(|c| c.trials.len())
+            .max()
+            .unwrap_or(0);
+    for round in first_extra..opts.warmup + opts.max_runs.max(opts.runs) {
+        let close = s.close_race(&active);
+        if close.len() < 2 {
+            break;
+        }
+        total += close.len();
+        on_event(Event::Start { total });
+        if !s.round(&close, round, runner, on_event) {
+            return s.report;
+        }
+    }
+    s.report.complete = true;
+    finish(&mut s.report);
+    on_event(Event::Updated(&s.report));
+    s.report
+}
