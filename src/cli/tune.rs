@@ -14,7 +14,7 @@ use super::{Exit, Failure, SourceArgs, emit, settings};
 use crate::files::write_output;
 use crate::measure::gpu::GpuSampler;
 use crate::plan::{self, Facts, Plan};
-use crate::tune::export::ReportFormat;
+use crate::tune::export::{ReportFiles, ReportFormat, WriteError};
 use crate::tune::grid::{self, TuneConfig};
 use crate::tune::metric::Metric;
 use crate::tune::runner::Runner;
@@ -67,30 +67,28 @@ fn configs(
 }
 
 /// The report files asked for, each with its format.
-fn exports(a: &TuneCmd) -> Vec<(ReportFormat, PathBuf)> {
-    ReportFormat::ALL
-        .into_iter()
-        .filter_map(|f| {
-            let path = match f {
-                ReportFormat::Json => &a.export_json,
-                ReportFormat::Csv => &a.export_csv,
-                ReportFormat::Markdown => &a.export_markdown,
-                ReportFormat::Svg => &a.export_svg,
-            };
-            Some((f, path.clone()?))
-        })
-        .collect()
+fn exports(a: &TuneCmd) -> ReportFiles {
+    ReportFiles(
+        ReportFormat::ALL
+            .into_iter()
+            .filter_map(|f| {
+                let path = match f {
+                    ReportFormat::Json => &a.export_json,
+                    ReportFormat::Csv => &a.export_csv,
+                    ReportFormat::Markdown => &a.export_markdown,
+                    ReportFormat::Svg => &a.export_svg,
+                };
+                Some((f, path.clone()?))
+            })
+            .collect(),
+    )
 }
 
-fn write_all(files: &[(ReportFormat, PathBuf)], r: &TuneReport) -> Result<(), Failure> {
-    for (f, p) in files {
-        let text = f
-            .exporter()
-            .render(r)
-            .map_err(|e| Failure::env(e.to_string(), "report this bug"))?;
-        write_output(p, text.as_bytes())?;
-    }
-    Ok(())
+fn rewrite(files: &ReportFiles, r: &TuneReport) -> Result<(), Failure> {
+    files.rewrite(r).map_err(|e| match e {
+        WriteError::Write(f) => f.into(),
+        WriteError::Render(e) => Failure::env(e.to_string(), "report this bug"),
+    })
 }
 
 /// The winner's plan, as `threadwise run --plan FILE` takes it.
@@ -177,7 +175,7 @@ pub fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
         .map(|x| x.to_string_lossy().into_owned())
         .collect();
     let report = new_report(shown, base_plan.nproc, topo.source.clone(), topo.cpu_budget);
-    write_all(&files, &report)?;
+    rewrite(&files, &report)?;
     let mut runner = Runner::new(
         topo.clone(),
         facts.clone(),
@@ -215,7 +213,7 @@ pub fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
             let done =
                 r.configs.iter().map(|c| c.trials.len()).sum::<usize>() + r.warmup * configs.len();
             bar.set_position(done as u64);
-            if let Err(f) = write_all(&files, r) {
+            if let Err(f) = rewrite(&files, r) {
                 write_error.get_or_insert(f);
             }
         }
@@ -225,7 +223,7 @@ pub fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
         return Err(f);
     }
     emit(&crate::tune::report::render(&report))?;
-    for (_, p) in &files {
+    for p in files.paths() {
         crate::say!("threadwise: wrote {}", p.display());
     }
     if let Some(path) = &a.save_plan {

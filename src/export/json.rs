@@ -5,7 +5,7 @@ use crate::plan::Plan;
 
 pub struct Json;
 
-impl Exporter for Json {
+impl Exporter<Plan, Context> for Json {
     fn render(&self, plan: &Plan, _: &Context) -> Result<String, ExportError> {
         Ok(serde_json::to_string_pretty(plan)? + "\n")
     }

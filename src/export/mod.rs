@@ -1,5 +1,6 @@
-//! Ways to print a plan: one small file per format behind one trait, so that
-//! `plan --format X` and later `tune`'s reports share the pattern.
+//! Ways to print a document: one small file per format behind one trait,
+//! `Exporter`, shared by `plan --format X` (here) and `tune`'s report files
+//! (`tune::export`).
 
 mod json;
 mod shell;
@@ -31,8 +32,12 @@ pub enum ExportError {
     NeedRank { max: usize },
     #[error("--local-rank {rank} is out of range: the plan has ranks 0-{max}")]
     NoSuchRank { rank: usize, max: usize },
-    #[error("cannot serialise the plan: {0}")]
+    #[error("cannot serialise as JSON: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("cannot write the CSV report: {0}")]
+    Csv(#[from] ::csv::Error),
+    #[error("cannot draw the SVG chart: {0}")]
+    Svg(String),
 }
 
 impl Context {
@@ -46,9 +51,10 @@ impl Context {
     }
 }
 
-/// One output format.
-pub trait Exporter {
-    fn render(&self, plan: &Plan, ctx: &Context) -> Result<String, ExportError>;
+/// One output format of a document (`Plan` with a `Context`, or a tune
+/// report with none).
+pub trait Exporter<Doc: ?Sized, Ctx = ()> {
+    fn render(&self, doc: &Doc, ctx: &Ctx) -> Result<String, ExportError>;
 }
 
 crate::named_enum! {
@@ -67,7 +73,7 @@ crate::named_enum! {
 
 impl PlanFormat {
     /// The registry: one exporter per format.
-    pub fn exporter(self) -> &'static dyn Exporter {
+    pub fn exporter(self) -> &'static dyn Exporter<Plan, Context> {
         match self {
             PlanFormat::Table => &table::Table,
             PlanFormat::Json => &json::Json,

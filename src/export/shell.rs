@@ -23,7 +23,7 @@ fn env_words(rank: &RankPlan) -> String {
 
 pub struct Env;
 
-impl Exporter for Env {
+impl Exporter<Plan, Context> for Env {
     fn render(&self, plan: &Plan, ctx: &Context) -> Result<String, ExportError> {
         let max = plan.ranks.len().saturating_sub(1);
         let k = ctx.local_rank.ok_or(ExportError::NeedRank { max })?;
@@ -66,7 +66,7 @@ fn numactl_args(rank: &RankPlan) -> Vec<String> {
 
 pub struct Numactl;
 
-impl Exporter for Numactl {
+impl Exporter<Plan, Context> for Numactl {
     fn render(&self, plan: &Plan, ctx: &Context) -> Result<String, ExportError> {
         let mut out = String::new();
         for r in &plan.ranks {
@@ -84,7 +84,7 @@ impl Exporter for Numactl {
 
 pub struct Taskset;
 
-impl Exporter for Taskset {
+impl Exporter<Plan, Context> for Taskset {
     fn render(&self, plan: &Plan, ctx: &Context) -> Result<String, ExportError> {
         let mut out = String::new();
         for r in &plan.ranks {

@@ -7,7 +7,7 @@ use crate::plan::Plan;
 
 pub struct Slurm;
 
-impl Exporter for Slurm {
+impl Exporter<Plan, Context> for Slurm {
     fn render(&self, plan: &Plan, ctx: &Context) -> Result<String, ExportError> {
         let masks: Vec<String> = plan.ranks.iter().map(|r| r.cpus.to_hex()).collect();
         let bind = if plan.ranks.iter().all(|r| r.bind) {

@@ -7,7 +7,7 @@ use crate::plan::Plan;
 
 pub struct Table;
 
-impl Exporter for Table {
+impl Exporter<Plan, Context> for Table {
     fn render(&self, plan: &Plan, ctx: &Context) -> Result<String, ExportError> {
         let mut grid = Grid::new();
         grid.load_preset(UTF8_FULL_CONDENSED);

@@ -75,7 +75,7 @@ pub fn bind_args(plan: &Plan) -> Vec<String> {
 
 pub struct Torchrun;
 
-impl Exporter for Torchrun {
+impl Exporter<Plan, Context> for Torchrun {
     fn render(&self, plan: &Plan, ctx: &Context) -> Result<String, ExportError> {
         let cmd = ctx.command_line();
         let bind = bind_args(plan);

@@ -1,6 +1,6 @@
 //! `--export-csv`: one row per trial, with its configuration's summary.
 
-use super::{ReportError, ReportExporter};
+use crate::export::{ExportError, Exporter};
 use crate::tune::{Mark, TuneReport};
 
 pub struct Csv;
@@ -32,8 +32,8 @@ const HEADER: [&str; 20] = [
     "metric_line",
 ];
 
-impl ReportExporter for Csv {
-    fn render(&self, r: &TuneReport) -> Result<String, ReportError> {
+impl Exporter<TuneReport> for Csv {
+    fn render(&self, r: &TuneReport, _: &()) -> Result<String, ExportError> {
         let mut w = ::csv::Writer::from_writer(vec![]);
         w.write_record(HEADER)?;
         for c in &r.configs {

@@ -1,12 +1,12 @@
 //! `--export-json`: the threadwise.tune/1 document.
 
-use super::{ReportError, ReportExporter};
+use crate::export::{ExportError, Exporter};
 use crate::tune::TuneReport;
 
 pub struct Json;
 
-impl ReportExporter for Json {
-    fn render(&self, r: &TuneReport) -> Result<String, ReportError> {
+impl Exporter<TuneReport> for Json {
+    fn render(&self, r: &TuneReport, _: &()) -> Result<String, ExportError> {
         Ok(serde_json::to_string_pretty(r)? + "\n")
     }
 }

@@ -1,6 +1,6 @@
 //! `--export-markdown`: the table for a README or an issue.
 
-use super::{ReportError, ReportExporter};
+use crate::export::{ExportError, Exporter};
 use crate::tune::{Mark, TuneReport, report};
 
 pub struct Markdown;
@@ -12,8 +12,8 @@ fn cell(s: &str) -> String {
         .replace(['\n', '\r'], " ")
 }
 
-impl ReportExporter for Markdown {
-    fn render(&self, r: &TuneReport) -> Result<String, ReportError> {
+impl Exporter<TuneReport> for Markdown {
+    fn render(&self, r: &TuneReport, _: &()) -> Result<String, ExportError> {
         let mut out = format!(
             "| configuration | throughput ({}) median | min-max | speed-up | CPU % | GPU % | GPU mem MiB | ctx sw/s vol/invol | |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n",
             cell(&r.unit)

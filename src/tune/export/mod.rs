@@ -8,21 +8,10 @@ mod json;
 mod markdown;
 mod svg;
 
+use std::path::PathBuf;
+
 use super::TuneReport;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ReportError {
-    #[error("cannot serialise the report as JSON: {0}")]
-    Json(#[from] serde_json::Error),
-    #[error("cannot write the CSV report: {0}")]
-    Csv(#[from] ::csv::Error),
-    #[error("cannot draw the SVG chart: {0}")]
-    Svg(String),
-}
-
-pub trait ReportExporter {
-    fn render(&self, r: &TuneReport) -> Result<String, ReportError>;
-}
+use crate::export::{ExportError, Exporter};
 
 /// The report formats, each with its `--export-FORMAT` option.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,13 +40,41 @@ impl ReportFormat {
     }
 
     /// The registry: one exporter per format.
-    pub fn exporter(self) -> &'static dyn ReportExporter {
+    pub fn exporter(self) -> &'static dyn Exporter<TuneReport> {
         match self {
             ReportFormat::Json => &json::Json,
             ReportFormat::Csv => &csv::Csv,
             ReportFormat::Markdown => &markdown::Markdown,
             ReportFormat::Svg => &svg::Svg,
         }
+    }
+}
+
+/// The report files a tune writes, and the one place that rewrites them:
+/// whole, after every trial (atomically for a regular file).
+#[derive(Debug, Clone, Default)]
+pub struct ReportFiles(pub Vec<(ReportFormat, PathBuf)>);
+
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error(transparent)]
+    Render(#[from] ExportError),
+    #[error(transparent)]
+    Write(#[from] crate::files::FileError),
+}
+
+impl ReportFiles {
+    /// Rewrite every file from the report as it stands.
+    pub fn rewrite(&self, r: &TuneReport) -> Result<(), WriteError> {
+        for (f, p) in &self.0 {
+            let text = f.exporter().render(r, &())?;
+            crate::files::write_output(p, text.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    pub fn paths(&self) -> impl Iterator<Item = &PathBuf> {
+        self.0.iter().map(|(_, p)| p)
     }
 }
 

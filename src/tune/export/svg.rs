@@ -3,13 +3,13 @@
 
 use plotters::prelude::*;
 
-use super::{ReportError, ReportExporter};
+use crate::export::{ExportError, Exporter};
 use crate::tune::{Mark, TuneReport};
 
 pub struct Svg;
 
-impl ReportExporter for Svg {
-    fn render(&self, r: &TuneReport) -> Result<String, ReportError> {
+impl Exporter<TuneReport> for Svg {
+    fn render(&self, r: &TuneReport, _: &()) -> Result<String, ExportError> {
         let mut out = String::new();
         let rows: Vec<(String, f64, f64, f64, bool)> = r
             .configs
@@ -28,9 +28,9 @@ impl ReportExporter for Svg {
         {
             let width = 160 + 110 * rows.len().max(1) as u32;
             let root = SVGBackend::with_string(&mut out, (width, 420)).into_drawing_area();
-            draw(&root, r, &rows).map_err(ReportError::Svg)?;
+            draw(&root, r, &rows).map_err(ExportError::Svg)?;
             root.present()
-                .map_err(|e| ReportError::Svg(e.to_string()))?;
+                .map_err(|e| ExportError::Svg(e.to_string()))?;
         }
         Ok(out)
     }

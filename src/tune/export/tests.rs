@@ -47,7 +47,7 @@ pub fn sample() -> TuneReport {
 }
 
 fn render(f: ReportFormat, r: &TuneReport) -> String {
-    f.exporter().render(r).unwrap()
+    f.exporter().render(r, &()).unwrap()
 }
 
 #[test]
