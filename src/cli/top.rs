@@ -136,19 +136,12 @@ fn find_targets(a: &TopCmd) -> Result<Vec<Target>, Failure> {
     if !a.pid.is_empty() {
         let mut out = vec![];
         for (i, pid) in a.pid.iter().enumerate() {
-            let env = std::fs::read(format!("/proc/{pid}/environ")).map_err(|e| {
+            let env = crate::measure::process::environ(*pid).map_err(|e| {
                 Failure::usage(
                     format!("--pid {pid}: cannot read the process: {e}"),
                     "give the pid of a running rank you may read",
                 )
             })?;
-            let env = env
-                .split(|b| *b == 0)
-                .filter_map(|kv| {
-                    let (k, v) = std::str::from_utf8(kv).ok()?.split_once('=')?;
-                    Some((k.to_string(), v.to_string()))
-                })
-                .collect();
             let mut t = find::target_from_env(*pid, &env).unwrap_or(Target {
                 local_rank: i,
                 pid: *pid,
@@ -157,10 +150,7 @@ fn find_targets(a: &TopCmd) -> Result<Vec<Target>, Failure> {
                 mem_nodes: vec![],
             });
             if t.cpus.is_empty() {
-                t.cpus = crate::top::proc::ProcReader::new("/")
-                    .process(*pid, false, false)
-                    .map(|p| p.affinity)
-                    .unwrap_or_default();
+                t.cpus = crate::measure::process::affinity(*pid);
             }
             out.push(t);
         }

@@ -110,7 +110,7 @@ pub fn facts(req: &PlanRequest) -> Facts {
 
 /// Facts with the allocator search done (tune: any configuration may ask).
 pub fn facts_with_allocators() -> Facts {
-    let s = plan::find_allocators();
+    let s = crate::host::find_allocators();
     Facts {
         allocators: s.found,
         skipped_allocators: s.skipped,

@@ -54,25 +54,9 @@ impl std::fmt::Display for Containment {
     }
 }
 
-/// The cgroup v2 directory this process is in, from proc/mounts and proc/self/cgroup.
+/// The cgroup v2 directory this process is in.
 fn own_cgroup() -> Result<PathBuf, String> {
-    let mounts = std::fs::read_to_string("/proc/mounts").map_err(|e| e.to_string())?;
-    let mount = mounts
-        .lines()
-        .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .find(|f| f.len() > 2 && f[2] == "cgroup2")
-        .map(|f| f[1].replace("\\040", " "))
-        .ok_or("no cgroup2 filesystem is mounted")?;
-    let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| e.to_string())?;
-    let rel = own
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .ok_or("this process is in no cgroup v2")?;
-    let rel = rel.trim().trim_start_matches('/');
-    if rel.split('/').any(|c| c == "..") {
-        return Err(format!("odd cgroup path {rel:?}"));
-    }
-    Ok(Path::new(&mount).join(rel))
+    crate::topology::cgroup::own_v2_dir(Path::new("/"))
 }
 
 static JOBS: AtomicUsize = AtomicUsize::new(0);

@@ -17,6 +17,7 @@ use super::contain::JobCgroup;
 use super::output::{self, OutputOptions, OutputState, Stream, Tail};
 use super::signals::{Action, SignalPipe, action};
 use super::{LaunchError, RankLaunch};
+use crate::measure::process;
 use crate::os;
 
 #[derive(Debug, Clone)]
@@ -137,17 +138,8 @@ const SAMPLE: Duration = Duration::from_millis(100);
 /// A rank's VmHWM, once it runs its own program (before exec it is a copy of
 /// us, and wait4's ru_maxrss keeps that copy's size: our heap, not the rank's).
 fn own_hwm_kib(pid: i32) -> Option<i64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let mut name = "";
-    let mut hwm = None;
-    for l in status.lines() {
-        if let Some(v) = l.strip_prefix("Name:") {
-            name = v.trim();
-        } else if let Some(v) = l.strip_prefix("VmHWM:") {
-            hwm = v.trim().trim_end_matches("kB").trim().parse().ok();
-        }
-    }
-    (name != "threadwise").then_some(hwm).flatten()
+    let (name, hwm) = process::peak_rss_kib(pid)?;
+    (name != "threadwise").then_some(hwm)
 }
 
 fn spawn_rank(
@@ -243,20 +235,9 @@ fn kill_orphans(keep: Option<i32>) {
         if !alive {
             return; // no descendant was re-parented to us
         }
-        let orphans: Vec<i32> = std::fs::read_dir("/proc")
+        let orphans: Vec<i32> = process::with_parent(me)
             .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|pid| {
-                std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .ok()
-                    .and_then(|s| {
-                        let rest = &s[s.rfind(')')? + 2..];
-                        rest.split_whitespace().nth(1)?.parse::<i32>().ok()
-                    })
-                    == Some(me)
-                    && Some(*pid) != keep
-            })
+            .filter(|pid| Some(*pid) != keep)
             .collect();
         reap();
         if orphans.is_empty() || Instant::now() > deadline {
@@ -480,13 +461,7 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
     // Where the machine allows it, the job's processes share a cgroup that is
     // killed as a whole (also by the watchdog, should we be SIGKILLed).
     let cgroup = JobCgroup::create().ok();
-    let fork_rss_kib = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            let l = s.lines().find(|l| l.starts_with("VmRSS:"))?;
-            l[6..].trim().trim_end_matches("kB").trim().parse().ok()
-        })
-        .unwrap_or(0);
+    let fork_rss_kib = process::own_rss_kib().unwrap_or(0);
     let start = Instant::now();
     let mut children = spawn_all(ranks, opts, cgroup.as_ref())?;
     if let Some(Spawned(f)) = &opts.on_spawned {

@@ -19,40 +19,14 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use crate::measure::process::{children, exe, tasks};
+
 /// One rank's mover.
 #[derive(Debug)]
 pub struct Mover {
     words: Vec<u64>,
     /// Workers set so far, with the thread count they had then.
     seen: HashMap<i32, usize>,
-}
-
-/// Child processes of any of `pid`'s threads.
-fn children(pid: i32) -> Vec<i32> {
-    let mut out = vec![];
-    for tid in tasks(pid) {
-        if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/children")) {
-            out.extend(s.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
-        }
-    }
-    out.sort_unstable();
-    out.dedup();
-    out
-}
-
-fn exe(pid: i32) -> Option<PathBuf> {
-    std::fs::read_link(format!("/proc/{pid}/exe")).ok()
-}
-
-/// `pid`'s threads.
-fn tasks(pid: i32) -> Vec<i32> {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 impl Mover {
@@ -100,12 +74,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     fn allowed(pid: i32) -> String {
-        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        s.lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .unwrap()
-            .trim()
-            .to_string()
+        crate::measure::process::affinity(pid).to_string()
     }
 
     #[test]

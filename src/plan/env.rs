@@ -24,8 +24,6 @@ pub const THREAD_VARS: &[&str] = &[
     "TF_NUM_INTRAOP_THREADS",
 ];
 
-pub use crate::host::find_allocators;
-
 /// The jemalloc options a plan sets with `allocator=jemalloc`.
 pub const JEMALLOC_CONF: &str = "metadata_thp:auto,dirty_decay_ms:-1,muzzy_decay_ms:-1";
 

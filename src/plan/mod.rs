@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use env::{JEMALLOC_CONF, THREAD_VARS, find_allocators};
+pub use env::{JEMALLOC_CONF, THREAD_VARS};
 pub use request::{
     Allocator, AllocatorChoice, AllocatorKind, Amount, GpuSelect, MemPolicy, NProc, PlanRequest,
     Policy, Profile, Reserve, WaitPolicy,

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Target;
 use crate::cpuset::CpuSet;
+use crate::measure::process;
 
 pub const STATE_SCHEMA: &str = "threadwise.run-state/1";
 
@@ -97,38 +98,6 @@ pub fn live_runs() -> Vec<RunState> {
     out.into_iter().map(|(_, s)| s).collect()
 }
 
-fn environ(pid: i32) -> Option<BTreeMap<String, String>> {
-    let raw = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-    Some(
-        raw.split(|b| *b == 0)
-            .filter_map(|kv| {
-                let kv = std::str::from_utf8(kv).ok()?;
-                let (k, v) = kv.split_once('=')?;
-                Some((k.to_string(), v.to_string()))
-            })
-            .collect(),
-    )
-}
-
-fn parent(pid: i32) -> Option<i32> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    s[s.rfind(')')? + 2..]
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
-fn affinity(pid: i32) -> CpuSet {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            let l = s.lines().find(|l| l.starts_with("Cpus_allowed_list:"))?;
-            CpuSet::parse_list(l["Cpus_allowed_list:".len()..].trim()).ok()
-        })
-        .unwrap_or_default()
-}
-
 /// A target from a process's launcher variables, or None when it is no rank.
 pub fn target_from_env(pid: i32, env: &BTreeMap<String, String>) -> Option<Target> {
     let local = [
@@ -144,7 +113,7 @@ pub fn target_from_env(pid: i32, env: &BTreeMap<String, String>) -> Option<Targe
     Some(Target {
         local_rank: local,
         pid,
-        cpus: set("THREADWISE_CPUS").unwrap_or_else(|| affinity(pid)),
+        cpus: set("THREADWISE_CPUS").unwrap_or_else(|| process::affinity(pid)),
         worker_cpus: set("THREADWISE_WORKER_CPUS").unwrap_or_default(),
         mem_nodes: env
             .get("THREADWISE_NUMA_NODES")
@@ -160,24 +129,18 @@ pub fn target_from_env(pid: i32, env: &BTreeMap<String, String>) -> Option<Targe
 pub fn all_ranks() -> Vec<Target> {
     let me = std::process::id() as i32;
     let mut found: BTreeMap<i32, Target> = BTreeMap::new();
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return vec![];
-    };
-    for e in rd.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
+    for pid in process::pids() {
         if pid == me {
             continue;
         }
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let comm = process::comm(pid).unwrap_or_default();
         if matches!(
-            comm.trim(),
+            comm.as_str(),
             "srun" | "torchrun" | "threadwise" | "slurmstepd" | "mpirun" | "prterun" | "prted"
         ) {
             continue;
         }
-        if let Some(env) = environ(pid)
+        if let Ok(env) = process::environ(pid)
             && let Some(t) = target_from_env(pid, &env)
         {
             found.insert(pid, t);
@@ -186,6 +149,6 @@ pub fn all_ranks() -> Vec<Target> {
     let ranks: Vec<i32> = found.keys().copied().collect();
     found
         .into_values()
-        .filter(|t| parent(t.pid).is_none_or(|pp| !ranks.contains(&pp)))
+        .filter(|t| process::parent(t.pid).is_none_or(|pp| !ranks.contains(&pp)))
         .collect()
 }

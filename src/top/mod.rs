@@ -7,7 +7,7 @@
 //! (`--all`).
 
 pub mod find;
-pub mod proc;
+
 pub mod ui;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::cpuset::CpuSet;
-use proc::{ProcReader, Process};
+use crate::measure::proc::{self, ProcReader, Process};
 
 pub const TOP_SCHEMA: &str = "threadwise.top/1";
 

@@ -1,8 +1,8 @@
 //! The view from fixed snapshots: rates, CPUs run on, and each alert with one
 //! snapshot that fires it and one that does not.
 
-use super::proc::{Process, Thread};
 use super::*;
+use crate::measure::proc::{Process, Thread};
 
 fn thread(tid: i32, state: char, cpu: usize, ticks: u64, invol: u64) -> Thread {
     Thread {

@@ -74,6 +74,25 @@ fn membership(root: &Path) -> Vec<(Vec<String>, String)> {
         .collect()
 }
 
+/// The cgroup v2 directory this process is in (below `root`), from
+/// proc/mounts and proc/self/cgroup: where `run` makes its job cgroup.
+pub fn own_v2_dir(root: &Path) -> Result<PathBuf, String> {
+    let mount = mounts(root)
+        .into_iter()
+        .find(|m| m.fstype == "cgroup2")
+        .ok_or("no cgroup2 filesystem is mounted")?;
+    let path = membership(root)
+        .into_iter()
+        .find_map(|(ctrls, path)| ctrls.is_empty().then_some(path))
+        .ok_or("this process is in no cgroup v2")?;
+    let rel = path.trim_start_matches('/');
+    if rel.split('/').any(|c| c == "..") {
+        return Err(format!("odd cgroup path {rel:?}"));
+    }
+    let base = fsread::under(root, &mount.point).ok_or("odd cgroup2 mount point")?;
+    Ok(base.join(rel))
+}
+
 /// The directories from `mount/path` up to `mount`, deepest first.
 fn ancestry(root: &Path, mount: &str, path: &str) -> Vec<PathBuf> {
     // A mount point with `..` would read outside the root: no directories.
@@ -268,6 +287,38 @@ mod tests {
         assert_eq!(l.version, Some(CgroupVersion::V2));
         assert_eq!(l.cpuset.unwrap().to_string(), "2-3");
         assert_eq!(l.quota, Some(1.5));
+        assert_eq!(
+            own_v2_dir(dir.path()).unwrap(),
+            dir.path().join("sys/fs/cgroup/job/step")
+        );
+    }
+
+    #[test]
+    fn own_v2_dir_needs_a_v2_mount_and_membership() {
+        let no_mount = fake_root(&[("proc/self/cgroup", "0::/a\n")]);
+        assert!(
+            own_v2_dir(no_mount.path())
+                .unwrap_err()
+                .contains("no cgroup2")
+        );
+        let v1_only = fake_root(&[
+            ("proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n"),
+            ("proc/self/cgroup", "3:cpuset:/slurm/job1\n"),
+        ]);
+        assert!(
+            own_v2_dir(v1_only.path())
+                .unwrap_err()
+                .contains("no cgroup v2")
+        );
+        let odd = fake_root(&[
+            ("proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n"),
+            ("proc/self/cgroup", "0::/a/../../etc\n"),
+        ]);
+        assert!(
+            own_v2_dir(odd.path())
+                .unwrap_err()
+                .contains("odd cgroup path")
+        );
     }
 
     #[test]
