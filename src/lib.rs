@@ -1,7 +1,7 @@
 //! threadwise: topology-aware placement of multi-process training ranks.
 //! Data flow: probe -> Topology -> pure plan() -> Plan -> export/run/bind/tune.
 
-pub mod cli;
+mod cli;
 pub mod cpuset;
 pub mod doctor;
 pub mod export;
@@ -17,3 +17,9 @@ pub mod top;
 pub mod topology;
 pub mod tune;
 pub mod workload;
+
+/// The `threadwise` command line: parse the process's arguments, run, and
+/// return the exit code. The command line itself (`cli`) is not public API.
+pub fn run_cli() -> i32 {
+    cli::main()
+}

@@ -109,42 +109,47 @@ value_enum!(
     Strategy
 );
 
+/// The planner's defaults: the one source of every plan option's default.
+fn d() -> crate::plan::PlanRequest {
+    crate::plan::PlanRequest::default()
+}
+
 /// The options every command that plans shares (plan, run, bind, tune).
 #[derive(Args, Debug, Clone)]
 pub struct PlanArgs {
     /// Local ranks: a number, gpu (one per GPU) or auto
-    #[arg(short = 'n', long = "nproc-per-node", alias = "nproc_per_node", value_name = "N|gpu|auto", default_value = "auto",
+    #[arg(short = 'n', long = "nproc-per-node", alias = "nproc_per_node", value_name = "N|gpu|auto", default_value_t = d().nproc,
           value_parser = parse_nproc)]
     pub nproc: NProc,
     /// GPUs to use, as indices in PCI bus order: 0,1,3 | auto | none
-    #[arg(long, value_name = "LIST|auto|none", default_value = "auto", value_parser = parse_gpus)]
+    #[arg(long, value_name = "LIST|auto|none", default_value_t = d().gpus, value_parser = parse_gpus)]
     pub gpus: GpuSelect,
     /// How ranks share the CPUs
-    #[arg(long, value_enum, default_value_t = Policy::Exclusive)]
+    #[arg(long, value_enum, default_value_t = d().policy)]
     pub policy: Policy,
     /// Count SMT siblings as compute CPUs
     #[arg(long)]
     pub smt: bool,
     /// Compute threads per rank
-    #[arg(long, value_name = "N|auto", default_value = "auto", value_parser = parse_threads)]
+    #[arg(long, value_name = "N|auto", default_value_t = d().threads, value_parser = parse_threads)]
     pub threads: Amount,
     /// DataLoader workers per rank (THREADWISE_NUM_WORKERS)
-    #[arg(long, value_name = "N|auto", default_value = "auto", value_parser = parse_amount)]
+    #[arg(long, value_name = "N|auto", default_value_t = d().workers, value_parser = parse_amount)]
     pub workers: Amount,
     /// NUMA memory policy per rank
-    #[arg(long, value_enum, default_value_t = MemPolicy::Local)]
+    #[arg(long, value_enum, default_value_t = d().mem)]
     pub mem: MemPolicy,
     /// Preload an allocator (auto: tcmalloc, else jemalloc, when installed)
-    #[arg(long, value_enum, default_value_t = AllocatorChoice::None)]
+    #[arg(long, value_enum, default_value_t = d().allocator)]
     pub allocator: AllocatorChoice,
     /// auto: threadwise's rules; seed: the guides' formulas, with what they get wrong
-    #[arg(long, value_enum, default_value_t = Profile::Auto)]
+    #[arg(long, value_enum, default_value_t = d().profile)]
     pub profile: Profile,
     /// Mixed precision (the seed profile caps threads at 2)
     #[arg(long)]
     pub amp: bool,
     /// Nodes in the job (the seed profile divides by the global world size)
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = d().nnodes as u32, value_parser = clap::value_parser!(u32).range(1..))]
     pub nnodes: u32,
     /// Allow more ranks than cores (or GPUs): share them round-robin
     #[arg(long)]
@@ -153,10 +158,10 @@ pub struct PlanArgs {
     #[arg(long)]
     pub omp_bind: bool,
     /// How idle OpenMP threads wait: OMP_WAIT_POLICY, GOMP_SPINCOUNT, KMP_BLOCKTIME
-    #[arg(long, value_enum, default_value_t = WaitPolicy::Default)]
+    #[arg(long, value_enum, default_value_t = d().omp_wait)]
     pub omp_wait: WaitPolicy,
     /// Keep cores for the OS, IRQs and the launcher: N per NUMA node, or cpus:LIST
-    #[arg(long, value_name = "N|cpus:LIST", default_value = "none", value_parser = parse_reserve)]
+    #[arg(long, value_name = "N|cpus:LIST", default_value_t = d().reserve, value_parser = parse_reserve)]
     pub reserve: Reserve,
 }
 

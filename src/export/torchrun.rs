@@ -2,9 +2,7 @@
 //! through `threadwise bind` (torchrun's `--no-python` runs it directly).
 
 use super::{Context, ExportError, Exporter, quote_all};
-use crate::plan::{
-    Amount, GpuSelect, MemPolicy, NProc, Plan, PlanRequest, Policy, Profile, Reserve, WaitPolicy,
-};
+use crate::plan::{NProc, Plan, PlanRequest};
 
 /// The plan options that reproduce a request (defaults left out).
 pub fn request_args(req: &PlanRequest) -> Vec<String> {
@@ -14,46 +12,46 @@ pub fn request_args(req: &PlanRequest) -> Vec<String> {
         a.push(format!("--{name}"));
         a.push(value);
     };
-    if req.nproc != NProc::Auto {
+    if req.nproc != d.nproc {
         opt("nproc-per-node", req.nproc.to_string());
     }
-    if req.gpus != GpuSelect::Auto {
+    if req.gpus != d.gpus {
         opt("gpus", req.gpus.to_string());
     }
-    if req.policy != Policy::Exclusive {
+    if req.policy != d.policy {
         opt("policy", req.policy.to_string());
     }
-    if req.threads != Amount::Auto {
+    if req.threads != d.threads {
         opt("threads", req.threads.to_string());
     }
-    if req.workers != Amount::Auto {
+    if req.workers != d.workers {
         opt("workers", req.workers.to_string());
     }
-    if req.mem != MemPolicy::Local {
+    if req.mem != d.mem {
         opt("mem", req.mem.to_string());
     }
     if req.allocator != d.allocator {
         opt("allocator", req.allocator.to_string());
     }
-    if req.profile == Profile::Seed {
-        opt("profile", "seed".to_string());
+    if req.profile != d.profile {
+        opt("profile", req.profile.to_string());
     }
-    if req.nnodes != 1 {
+    if req.nnodes != d.nnodes {
         opt("nnodes", req.nnodes.to_string());
     }
-    if req.omp_wait != WaitPolicy::Default {
+    if req.omp_wait != d.omp_wait {
         opt("omp-wait", req.omp_wait.to_string());
     }
-    if req.reserve != Reserve::None {
+    if req.reserve != d.reserve {
         opt("reserve", req.reserve.to_string());
     }
-    for (flag, on) in [
-        ("--smt", req.smt),
-        ("--amp", req.amp),
-        ("--oversubscribe", req.oversubscribe),
-        ("--omp-bind", req.omp_bind),
+    for (flag, on, default) in [
+        ("--smt", req.smt, d.smt),
+        ("--amp", req.amp, d.amp),
+        ("--oversubscribe", req.oversubscribe, d.oversubscribe),
+        ("--omp-bind", req.omp_bind, d.omp_bind),
     ] {
-        if on {
+        if on && !default {
             a.push(flag.to_string());
         }
     }
