@@ -3,44 +3,31 @@
 use super::args::{PlanCmd, TopoArgs};
 use super::{Exit, Failure, PlanArgs, SourceArgs, emit};
 use crate::export::{Context, PlanFormat};
-use crate::plan::{self, AllocatorChoice, Facts, PlanRequest};
-use crate::topology::{Topology, TopologyError, hwloc_xml, render, synthetic, sysfs};
+use crate::launch::prepare::{self, Source};
+use crate::plan::{self, PlanRequest};
+use crate::topology::{Topology, TopologyError, render};
 
 fn topology_failure(e: TopologyError) -> Failure {
-    let hint = match &e {
-        TopologyError::NotARoot { .. } => {
-            "give --root a directory holding sys/ and proc/ (hwloc-gather-topology output)"
-        }
-        TopologyError::Xml { .. } => "give --topology an hwloc v2 export: lstopo --of xml FILE.xml",
-        TopologyError::Synthetic { .. } => {
-            "e.g. --synthetic \"package:2 numa:2 l3:2 core:8 pu:2 gpu:4\""
-        }
-        TopologyError::VisibleDevices { .. } => "unset CUDA_VISIBLE_DEVICES or give GPU indices",
-        _ => "check the path and permissions",
-    };
+    let hint = prepare::topology_hint(&e);
     Failure::env(e.to_string(), hint)
 }
 
-/// Read the topology the options name; the live machine honours CUDA_VISIBLE_DEVICES.
-pub fn load(source: &SourceArgs) -> Result<Topology, Failure> {
-    let mut t = if let Some(root) = &source.root {
-        sysfs::probe(root, false)
-    } else if let Some(file) = &source.topology {
-        hwloc_xml::load(file)
-    } else if let Some(desc) = &source.synthetic {
-        synthetic::parse(desc)
+/// Where the options say the topology comes from.
+fn source(a: &SourceArgs) -> Source {
+    if let Some(root) = &a.root {
+        Source::Root(root.clone())
+    } else if let Some(file) = &a.topology {
+        Source::Xml(file.clone())
+    } else if let Some(desc) = &a.synthetic {
+        Source::Synthetic(desc.clone())
     } else {
-        sysfs::probe(std::path::Path::new("/"), true)
+        Source::Live
     }
-    .map_err(topology_failure)?;
-    if source.root.is_none()
-        && source.topology.is_none()
-        && source.synthetic.is_none()
-        && let Ok(visible) = std::env::var("CUDA_VISIBLE_DEVICES")
-    {
-        t.restrict_gpus(&visible).map_err(topology_failure)?;
-    }
-    Ok(t)
+}
+
+/// Read the topology the options name; the live machine honours CUDA_VISIBLE_DEVICES.
+pub fn load(a: &SourceArgs) -> Result<Topology, Failure> {
+    prepare::topology(&source(a)).map_err(topology_failure)
 }
 
 /// Colour on a terminal, unless NO_COLOR.
@@ -98,24 +85,7 @@ pub fn request(a: &PlanArgs) -> PlanRequest {
     }
 }
 
-/// What the planner may use besides the topology: the allocator libraries on
-/// this machine, looked up only when the request asks for one.
-pub fn facts(req: &PlanRequest) -> Facts {
-    if req.allocator == AllocatorChoice::None {
-        Facts::default()
-    } else {
-        facts_with_allocators()
-    }
-}
-
-/// Facts with the allocator search done (tune: any configuration may ask).
-pub fn facts_with_allocators() -> Facts {
-    let s = crate::host::find_allocators();
-    Facts {
-        allocators: s.found,
-        skipped_allocators: s.skipped,
-    }
-}
+pub use crate::launch::prepare::facts;
 
 /// How to call this binary again in printed command lines.
 pub fn program_name() -> String {
@@ -155,6 +125,7 @@ mod tests {
     use super::*;
     use crate::cli::{Cli, Command};
     use crate::export::request_args;
+    use crate::plan::AllocatorChoice;
     use crate::plan::{Amount, GpuSelect, MemPolicy, NProc, Policy, Profile, Reserve, WaitPolicy};
 
     fn reparse(args: &[String]) -> PlanRequest {

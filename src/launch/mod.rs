@@ -8,6 +8,7 @@ pub mod contain;
 pub mod detect;
 pub mod env;
 pub mod output;
+pub mod prepare;
 mod signals;
 pub mod supervise;
 pub mod workers;
@@ -61,6 +62,17 @@ pub enum LaunchError {
 }
 
 impl LaunchError {
+    /// The exit code: 3 where the machine refused, 2 for what the user gave.
+    pub fn code(&self) -> i32 {
+        match self {
+            LaunchError::Placement { .. }
+            | LaunchError::LogDir { .. }
+            | LaunchError::LogFile { .. }
+            | LaunchError::Port(_) => 3,
+            _ => 2,
+        }
+    }
+
     pub fn hint(&self) -> &'static str {
         match self {
             LaunchError::NoCommand => {

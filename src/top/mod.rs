@@ -7,6 +7,7 @@
 //! (`--all`).
 
 pub mod find;
+pub mod watch;
 
 pub mod ui;
 

@@ -1,0 +1,102 @@
+//! The two hooks `run` gives `top`: the state file that lets `top` find a
+//! run, and `run --top` (the live view in place of the ranks' output).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::find::{self, RunState, STATE_SCHEMA};
+use super::{Sampler, Target, ui};
+use crate::launch::supervise::Spawned;
+use crate::plan::Plan;
+use crate::topology::Topology;
+
+/// Each rank's target from its plan and pid.
+pub fn targets(p: &Plan, pids: &[(usize, i32)], allowed: &crate::cpuset::CpuSet) -> Vec<Target> {
+    pids.iter()
+        .filter_map(|(rank, pid)| {
+            let r = p.ranks.get(*rank)?;
+            Some(Target {
+                local_rank: *rank,
+                pid: *pid,
+                cpus: if r.bind {
+                    r.cpus.clone()
+                } else {
+                    allowed.clone()
+                },
+                worker_cpus: if r.bind {
+                    r.worker_cpus.clone()
+                } else {
+                    Default::default()
+                },
+                mem_nodes: r.mem_nodes.clone(),
+            })
+        })
+        .collect()
+}
+
+/// What `run` keeps to undo at the end: the state file, the view's thread.
+#[derive(Default)]
+pub struct RunWatch {
+    state_file: Mutex<Option<PathBuf>>,
+    view: Mutex<Option<JoinHandle<()>>>,
+    done: AtomicBool,
+}
+
+impl RunWatch {
+    /// The hook `supervise` calls with the pids: write the state file, and
+    /// with `--top` start the view.
+    pub fn hook(
+        self: &Arc<Self>,
+        p: &Plan,
+        topo: &Topology,
+        command: Vec<String>,
+        log_dir: Option<String>,
+        top: bool,
+    ) -> Spawned {
+        let (me, p, topo) = (self.clone(), p.clone(), topo.clone());
+        Spawned(Arc::new(move |pids| {
+            let ranks = targets(&p, pids, &topo.allowed_cpus);
+            let state = RunState {
+                schema: STATE_SCHEMA.into(),
+                pid: std::process::id() as i32,
+                command: command.clone(),
+                ranks: ranks.clone(),
+                log_dir: log_dir.clone(),
+            };
+            match find::write_state(&state) {
+                Ok(f) => *me.state_file.lock().unwrap_or_else(|e| e.into_inner()) = Some(f),
+                Err(e) => crate::say!("threadwise: note: top cannot find this run: {e}"),
+            }
+            if top {
+                let (watch, topo) = (me.clone(), topo.clone());
+                let h = std::thread::spawn(move || {
+                    let mut s = Sampler::new(ranks);
+                    let done = || watch.done.load(Ordering::Relaxed);
+                    if let Err(e) = ui::run(&topo, &mut s, Duration::from_secs(1), &done) {
+                        crate::say!("threadwise: the view stopped: {e}");
+                    }
+                });
+                *me.view.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
+            }
+        }))
+    }
+
+    /// The run ended: close the view, remove the state file.
+    pub fn finish(&self) {
+        self.done.store(true, Ordering::Relaxed);
+        if let Some(h) = self.view.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = h.join();
+        }
+        if let Some(f) = self
+            .state_file
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
