@@ -7,6 +7,7 @@ pub mod bind;
 pub mod contain;
 pub mod detect;
 pub mod env;
+pub mod machine;
 pub mod output;
 pub mod prepare;
 mod signals;

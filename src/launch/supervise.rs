@@ -14,8 +14,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::contain::JobCgroup;
+use super::machine::{Act, Event, Machine};
 use super::output::{self, OutputOptions, OutputState, Stream, Tail};
-use super::signals::{Action, SignalPipe, action};
+use super::signals::SignalPipe;
 use super::{LaunchError, RankLaunch};
 use crate::measure::process;
 use crate::os;
@@ -46,39 +47,7 @@ impl std::fmt::Debug for Spawned {
     }
 }
 
-/// How a rank ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
-    Code(i32),
-    Signal(i32),
-}
-
-impl Exit {
-    /// The shell convention: the code, or 128 + the signal number.
-    pub fn code(self) -> i32 {
-        match self {
-            Exit::Code(c) => c,
-            Exit::Signal(s) => 128 + s,
-        }
-    }
-    pub fn success(self) -> bool {
-        self == Exit::Code(0)
-    }
-    pub fn describe(self) -> String {
-        match self {
-            Exit::Code(0) => "exited 0".to_string(),
-            Exit::Code(c) => format!("exited with code {c}"),
-            Exit::Signal(s) => format!("killed by signal {s} ({})", os::signal_name(s)),
-        }
-    }
-    fn from_status(status: libc::c_int) -> Exit {
-        if libc::WIFSIGNALED(status) {
-            Exit::Signal(libc::WTERMSIG(status))
-        } else {
-            Exit::Code(libc::WEXITSTATUS(status))
-        }
-    }
-}
+pub use super::machine::Exit;
 
 /// One rank's end, with wait4's resource usage.
 #[derive(Debug, Clone)]
@@ -326,55 +295,35 @@ fn start_pumps(
     (pumps, tails)
 }
 
-/// The supervisor's state between events.
+/// The ranks as they run, and the state machine that decides.
 struct Watch {
     running: Vec<Running>,
-    first_failure: Option<usize>,
-    user_signal: Option<i32>,
-    /// When to SIGKILL whatever is still alive (set when stopping starts).
-    kill_at: Option<Instant>,
-    deadline: Option<Instant>,
-    timed_out: bool,
-    grace: Duration,
+    machine: Machine,
     /// Our RSS when the ranks were forked: what their copy of us weighed.
     fork_rss_kib: i64,
 }
 
 impl Watch {
-    fn live(&self) -> impl Iterator<Item = i32> + '_ {
-        self.running
-            .iter()
-            .filter(|r| r.result.is_none())
-            .map(|r| r.pid)
-    }
-
-    /// Send `sig` to every live rank's process group.
-    fn signal_all(&self, sig: i32) {
-        for p in self.live() {
-            os::kill_group(p, sig);
+    /// Carry out the machine's decisions.
+    fn apply(&self, acts: Vec<Act>) {
+        for act in acts {
+            match act {
+                Act::Signal(sig, ranks) => {
+                    for i in ranks {
+                        os::kill_group(self.running[i].pid, sig);
+                    }
+                }
+                // SAFETY: plain syscall; our SIGCONT handler forwards the continue.
+                Act::SuspendSelf => unsafe {
+                    libc::raise(libc::SIGSTOP);
+                },
+            }
         }
     }
 
-    /// Send `sig` to every live rank and give them the grace period.
-    fn stop(&mut self, sig: i32) {
-        self.signal_all(sig);
-        // A stopped rank (Ctrl-Z) must run to act on the signal.
-        self.signal_all(libc::SIGCONT);
-        self.kill_at = Some(Instant::now() + self.grace);
-    }
-
-    /// Milliseconds until the next deadline, for poll (-1: none).
-    fn wait_ms(&self) -> i32 {
-        let wake = match (self.kill_at, self.deadline.filter(|_| !self.timed_out)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        wake.map_or(-1, |t| {
-            t.saturating_duration_since(Instant::now())
-                .as_millis()
-                .min(i32::MAX as u128 - 1) as i32
-                + 1
-        })
+    fn event(&mut self, e: Event) {
+        let acts = self.machine.on(e, Instant::now());
+        self.apply(acts);
     }
 
     /// Read every live rank's peak RSS; move new DataLoader workers.
@@ -410,37 +359,7 @@ impl Watch {
             voluntary_cs: ru.ru_nvcsw,
             involuntary_cs: ru.ru_nivcsw,
         });
-        if !exit.success() && self.kill_at.is_none() {
-            self.first_failure = Some(i);
-            self.stop(libc::SIGTERM);
-        }
-    }
-
-    /// First signal: send `send` (SIGTERM for SIGQUIT), then the grace
-    /// period; a second: kill now.
-    fn on_signal(&mut self, sig: i32, send: i32) {
-        if self.user_signal.is_none() && self.kill_at.is_none() {
-            self.user_signal = Some(sig);
-            self.stop(send);
-        } else {
-            self.user_signal.get_or_insert(sig);
-            self.kill_at = Some(Instant::now());
-        }
-    }
-
-    fn on_clock(&mut self) {
-        if !self.timed_out
-            && self.kill_at.is_none()
-            && self.deadline.is_some_and(|d| Instant::now() >= d)
-        {
-            self.timed_out = true;
-            self.stop(libc::SIGTERM);
-        }
-        if self.kill_at.is_some_and(|t| Instant::now() >= t) {
-            for p in self.live().collect::<Vec<_>>() {
-                os::kill_group(p, libc::SIGKILL);
-            }
-        }
+        self.event(Event::Ended(i, exit));
     }
 }
 
@@ -488,22 +407,17 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
                     .map(super::workers::Mover::new),
             })
             .collect(),
-        first_failure: None,
-        user_signal: None,
-        kill_at: None,
-        deadline: opts.timeout.map(|t| start + t),
-        timed_out: false,
-        grace: opts.grace,
+        machine: Machine::new(ranks.len(), opts.grace, opts.timeout.map(|t| start + t)),
         fork_rss_kib,
     };
     let state = Arc::new(OutputState::default());
     let (pumps, tails) = start_pumps(ranks, &mut children, opts, &state);
     let mut next_sample = Instant::now() + Duration::from_millis(10);
-    while w.running.iter().any(|r| r.result.is_none()) {
+    while !w.machine.done() {
         let until_sample = next_sample
             .saturating_duration_since(Instant::now())
             .as_millis() as i32;
-        let wait = match w.wait_ms() {
+        let wait = match w.machine.wait_ms(Instant::now()) {
             -1 => until_sample,
             ms => ms.min(until_sample),
         };
@@ -516,18 +430,9 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
             w.on_exit(ranks, pid, status, &ru);
         }
         for sig in got {
-            match action(sig) {
-                Some(Action::Stop(send)) => w.on_signal(sig, send),
-                Some(Action::Forward) => w.signal_all(sig),
-                Some(Action::Suspend) => {
-                    w.signal_all(libc::SIGTSTP);
-                    // SAFETY: plain syscall; our SIGCONT handler forwards the continue.
-                    unsafe { libc::raise(libc::SIGSTOP) };
-                }
-                Some(Action::Child) | None => {}
-            }
+            w.event(Event::Signal(sig));
         }
-        w.on_clock();
+        w.event(Event::Tick);
     }
     // Whatever the ranks left behind: their groups, the job cgroup, then
     // re-parented orphans.
@@ -542,8 +447,8 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
     join_within(pumps, Duration::from_secs(2));
     Ok(Outcome {
         results: w.running.into_iter().filter_map(|r| r.result).collect(),
-        first_failure: w.first_failure,
-        signal: w.user_signal,
+        first_failure: w.machine.first_failure(),
+        signal: w.machine.user_signal(),
         tails: tails
             .iter()
             .map(|t| {
@@ -555,7 +460,7 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
             })
             .collect(),
         wall: start.elapsed(),
-        timed_out: w.timed_out,
+        timed_out: w.machine.timed_out(),
         log_errors: std::mem::take(
             &mut *state.log_errors.lock().unwrap_or_else(|e| e.into_inner()),
         ),
