@@ -360,6 +360,11 @@ fn planted_allocators_are_not_preloaded() {
             .env(var, &value)
             .output()
             .unwrap();
+        assert!(
+            out.status.success(),
+            "needs the system's libjemalloc2 (scripts/test.sh installs it): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let p: serde_json::Value = serde_json::from_str(&super::stdout_ok(out)).unwrap();
         let pre = p["ranks"][0]["env"]["LD_PRELOAD"]
             .as_str()

@@ -337,7 +337,11 @@ fn user_environment_passes_through_and_allocator_is_a_real_file() {
         .collect();
     assert_eq!(parts[0], "a b;c");
     // The test command installs tcmalloc and jemalloc; auto prefers tcmalloc.
-    assert!(parts[1].contains("libtcmalloc"), "LD_PRELOAD={}", parts[1]);
+    assert!(
+        parts[1].contains("libtcmalloc"),
+        "LD_PRELOAD={} (scripts/test.sh installs libgoogle-perftools4 and libjemalloc2)",
+        parts[1]
+    );
     assert!(
         std::path::Path::new(parts[1]).is_file(),
         "LD_PRELOAD names {}",
