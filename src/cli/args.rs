@@ -401,21 +401,26 @@ pub struct BindCmd {
 pub struct TuneCmd {
     #[command(flatten)]
     pub plan: PlanArgs,
-    /// Measured runs per configuration
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000).map(|v| v as usize))]
+    /// Measured rounds: each runs every configuration once, in a shuffled order
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000).map(|v| v as usize))]
     pub runs: usize,
-    /// Give a close race more trials: the winner and every configuration it
-    /// cannot be told apart from run again, up to this many trials each
+    /// A close race gets more rounds: while the winner and the runner-up
+    /// cannot be told apart, they run again with the reference, up to this
+    /// many trials each [default: 4 x --runs]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000).map(|v| v as usize))]
     pub max_runs: Option<usize>,
+    /// The seed of the rounds' shuffled orders [default: from the clock;
+    /// the report prints it]
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
     /// Unmeasured runs per configuration first
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000).map(|v| v as usize))]
     pub warmup: usize,
     /// all: every configuration every round; halving: after the first round,
-    /// drop configurations below half of the round's best (never unset), after
-    /// the second, those whose best trial is below the best one's worst and
-    /// whose median is more than 20% below its median;
-    /// auto: halving when there are more than 8 configurations
+    /// drop configurations below half of the round's best (never unset, never
+    /// on a disturbed trial), after the second, those more than 20% below the
+    /// leader in every round both ran; auto: halving when there are more than
+    /// 8 configurations
     #[arg(long, value_enum, default_value_t = Strategy::Auto)]
     pub strategy: Strategy,
     /// A grid instead of the default rows: threads=1,2,4 policy=none,exclusive workers=2,4 allocator=none,jemalloc

@@ -110,6 +110,13 @@ fn winner_plan(
     Some(p)
 }
 
+/// A seed from the clock, for a run that was given none.
+fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64 % 1_000_000)
+}
+
 /// The command each rank runs: the user's, or the built-in workload with its sizes.
 fn trial_argv(a: &TuneCmd) -> Result<Vec<OsString>, Failure> {
     if !a.command.is_empty() {
@@ -189,11 +196,15 @@ pub fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
         // The default search combines what beat the plan; a --grid is measured as given.
         combine: a.grid.is_empty().then(|| base.clone()),
         runs: a.runs,
-        max_runs: a.max_runs.unwrap_or(a.runs).max(a.runs),
+        max_runs: a
+            .max_runs
+            .unwrap_or(crate::tune::DEFAULT_BLOCKS * a.runs)
+            .max(a.runs),
         warmup: a.warmup,
         strategy: a.strategy,
         metric,
         cpu_budget: topo.cpu_budget,
+        seed: a.seed.unwrap_or_else(clock_seed),
     };
     let bar = progress_bar();
     let mut write_error = None;

@@ -195,6 +195,23 @@ impl ProcReader {
         Some(p)
     }
 
+    /// The whole machine's CPU time so far, from /proc/stat's `cpu` line.
+    pub fn system(&mut self) -> Option<SystemTimes> {
+        let stat = self.read("stat")?;
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal (guest is in user).
+        let at = |i: usize| v.get(i).copied().unwrap_or(0);
+        (v.len() >= 4).then(|| SystemTimes {
+            busy_ticks: at(0) + at(1) + at(2) + at(5) + at(6),
+            steal_ticks: at(7),
+        })
+    }
+
     /// Busy and total ticks per CPU, from /proc/stat.
     pub fn cpu_times(&mut self) -> BTreeMap<usize, (u64, u64)> {
         let mut out = BTreeMap::new();
@@ -217,6 +234,26 @@ impl ProcReader {
             }
         }
         out
+    }
+}
+
+/// The machine's CPU time, in clock ticks (all CPUs together).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SystemTimes {
+    /// Running anything: user, nice, system, irq, softirq.
+    pub busy_ticks: u64,
+    /// Taken by the hypervisor for other guests.
+    pub steal_ticks: u64,
+}
+
+impl SystemTimes {
+    /// What happened between `self` and `later`, in seconds: (busy, steal).
+    pub fn since(self, later: SystemTimes) -> (f64, f64) {
+        let hz = ticks_per_second();
+        (
+            later.busy_ticks.saturating_sub(self.busy_ticks) as f64 / hz,
+            later.steal_ticks.saturating_sub(self.steal_ticks) as f64 / hz,
+        )
     }
 }
 

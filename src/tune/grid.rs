@@ -14,7 +14,8 @@ use crate::plan::{
 /// Why a configuration is in the table: the rules that treat rows apart
 /// (the baseline of every speed-up, the plan the search moves around) look at
 /// this, never at a name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Role {
     /// Threads unset: what users have without threadwise; every speed-up's base.
     Baseline,
@@ -30,6 +31,23 @@ pub enum Role {
     GridPoint,
     /// `--config NAME=...`.
     User,
+}
+
+impl Role {
+    /// Among configurations the data cannot tell apart, the one to choose:
+    /// the plan, then the fewest changes from it, then what the user asked
+    /// for, the guides' rows, and the unset baseline last.
+    pub fn tie_rank(self) -> u8 {
+        match self {
+            Role::Plan => 0,
+            Role::OneChange => 1,
+            Role::Combined => 2,
+            Role::User => 3,
+            Role::GridPoint => 4,
+            Role::Guide => 5,
+            Role::Baseline => 6,
+        }
+    }
 }
 
 /// One change a configuration makes to a request: the keys of `--grid`,

@@ -15,12 +15,18 @@ pub mod rates;
 pub mod report;
 pub mod runner;
 mod session;
+#[cfg(test)]
+mod sim;
 pub mod stats;
 
 pub use grid::TuneConfig;
 pub use model::*;
 pub use outcome::finish;
 pub use session::{CLEARLY_WORSE, FIRST_ROUND_CUT, tune};
+
+/// A close race's budget: up to this many blocks of --runs rounds (the base
+/// rounds are the first), so `--max-runs` defaults to 4 x `--runs`.
+pub const DEFAULT_BLOCKS: usize = 4;
 
 #[cfg(test)]
 mod tests;

@@ -6,8 +6,17 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::TuneConfig;
+use super::grid::Role;
 use super::metric::{self, Metric};
-use super::stats::Summary;
+use super::stats::{Paired, Summary};
+
+fn default_level() -> f64 {
+    0.95
+}
+
+fn default_role() -> Role {
+    Role::User
+}
 use crate::launch::supervise::Exit;
 
 pub const TUNE_SCHEMA: &str = "threadwise.tune/1";
@@ -78,6 +87,11 @@ pub struct TrialOutcome {
     pub stderr_tail: Vec<String>,
     pub gpu_util_pct: Option<f64>,
     pub gpu_mem_mib: Option<f64>,
+    /// CPU time the machine spent outside the job during the trial (all CPUs'
+    /// busy time less the job's own), and time stolen by the hypervisor;
+    /// None where /proc/stat could not be read.
+    pub outside_cpu: Option<Duration>,
+    pub steal: Option<Duration>,
 }
 
 impl TrialOutcome {
@@ -143,13 +157,15 @@ impl std::fmt::Display for TrialStatus {
 }
 
 /// Something the reader of a report must know (hyperfine's `Warnings`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Warning {
     /// Tuning stopped early; the report holds what was measured.
     Interrupted { config: String, round: usize },
     /// No throughput in the output: configurations are ranked by 1 / wall time.
     WallMetric,
+    /// The machine's own speed moved this much during the tune.
+    Drift { ratio: f64 },
 }
 
 impl std::fmt::Display for Warning {
@@ -162,6 +178,10 @@ impl std::fmt::Display for Warning {
             Warning::WallMetric => {
                 f.write_str("no throughput found in the output (--metric): ranked by 1 / wall time")
             }
+            Warning::Drift { ratio } => write!(
+                f,
+                "the machine's speed moved {ratio:.2}x during this tune; speed-ups are paired per round"
+            ),
         }
     }
 }
@@ -216,23 +236,68 @@ pub struct Trial {
     /// Further than 3 scaled MADs from its configuration's median.
     #[serde(default)]
     pub outlier: bool,
+    /// When it ran: 0 for the first measured trial of the tune, then 1, 2 ...
+    #[serde(default)]
+    pub seq: usize,
+    /// This trial's throughput over the reference's in the same round.
+    #[serde(default)]
+    pub ratio: Option<f64>,
+    /// CPU seconds the machine spent outside the job during the trial.
+    #[serde(default)]
+    pub outside_cpu_s: Option<f64>,
+    /// CPU seconds the hypervisor stole during the trial (/proc/stat steal).
+    #[serde(default)]
+    pub steal_s: Option<f64>,
+    /// (outside + steal) / (wall x CPU budget): the share of the machine that
+    /// something else took.
+    #[serde(default)]
+    pub disturbance: Option<f64>,
+    /// disturbance above DISTURBED.
+    #[serde(default)]
+    pub disturbed: bool,
+}
+
+/// A trial is disturbed when something outside the job took more than this
+/// share of the CPU budget during it (on this 2-core machine an idle
+/// neighbourhood measures 0-3%).
+pub const DISTURBED: f64 = 0.10;
+
+/// Two configurations the data cannot tell apart, and which one was chosen.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tie {
+    /// The leader and every configuration not distinguishable from it.
+    pub configs: Vec<String>,
+    /// How the winner was chosen among them.
+    pub rule: String,
 }
 
 /// One configuration's results.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConfigResult {
     pub name: String,
+    /// Why it is in the table (baseline, guide, plan, one-change, ...).
+    #[serde(default = "default_role")]
+    pub role: Role,
     pub options: String,
     pub throughput: Option<Summary>,
+    /// Against the reference (`baseline`): the median of the per-round
+    /// ratios (each trial's `ratio`), with its 95% interval.
     pub speedup: Option<f64>,
+    #[serde(default)]
+    pub speedup_low: Option<f64>,
+    #[serde(default)]
+    pub speedup_high: Option<f64>,
+    /// Against the winner, round by round (None for the winner itself).
+    #[serde(default)]
+    pub vs_winner: Option<Paired>,
     pub cpu_util_pct: Option<f64>,
     pub voluntary_cs_per_s: Option<f64>,
     pub involuntary_cs_per_s: Option<f64>,
     pub peak_rss_mib: Option<f64>,
     pub gpu_util_pct: Option<f64>,
     pub gpu_mem_mib: Option<f64>,
-    /// The 95% intervals of the winner's median and this one's overlap: the
-    /// data cannot tell them apart.
+    /// Its paired interval against the winner holds 1.00: the data cannot
+    /// tell them apart.
     pub indistinguishable_from_winner: bool,
     /// Dropped by --strategy halving after this round.
     pub dropped_after_round: Option<usize>,
@@ -262,11 +327,25 @@ pub struct TuneReport {
     pub metric: MetricSource,
     pub unit: String,
     pub configs: Vec<ConfigResult>,
+    /// The reference of every paired speed-up (the unset baseline where there is one).
     pub baseline: Option<String>,
     pub winner: Option<String>,
     /// False while running and when interrupted.
     pub complete: bool,
     pub warnings: Vec<Warning>,
+    /// The seed of each round's order (the same seed gives the same orders).
+    #[serde(default)]
+    pub order_seed: u64,
+    /// The two-sided level of every paired interval: 95% over the whole run
+    /// of looks at a close race (stats::per_look_level).
+    #[serde(default = "default_level")]
+    pub interval_level: f64,
+    /// Set when the winner could not be told apart from others.
+    #[serde(default)]
+    pub tie: Option<Tie>,
+    /// The machine's speed changed during the run (see stats::drift).
+    #[serde(default)]
+    pub drift: Option<super::stats::Drift>,
 }
 
 impl TuneReport {
@@ -307,6 +386,8 @@ pub struct TuneOptions {
     pub strategy: Strategy,
     pub metric: Metric,
     pub cpu_budget: f64,
+    /// The seed of the rounds' orders (printed in the report).
+    pub seed: u64,
 }
 
 /// Progress events for the caller (progress bar, file rewrites).
@@ -325,12 +406,16 @@ pub enum Event<'a> {
 
 impl ConfigResult {
     /// A configuration with nothing measured yet.
-    pub fn new(name: &str, options: String) -> ConfigResult {
+    pub fn new(name: &str, role: Role, options: String) -> ConfigResult {
         ConfigResult {
             name: name.to_string(),
+            role,
             options,
             throughput: None,
             speedup: None,
+            speedup_low: None,
+            speedup_high: None,
+            vs_winner: None,
             cpu_util_pct: None,
             voluntary_cs_per_s: None,
             involuntary_cs_per_s: None,
@@ -369,5 +454,9 @@ pub fn new_report(
         winner: None,
         complete: false,
         warnings: vec![],
+        order_seed: 0,
+        interval_level: 0.95,
+        tie: None,
+        drift: None,
     }
 }

@@ -1,8 +1,11 @@
 //! Trials into figures: one launch's outcome classified once into a reported
 //! trial, then every configuration's summaries, speed-ups and the winner.
 
-use super::model::{MetricSource, TrialEnd, TrialOutcome, TrialStatus, TuneReport};
-use super::stats::{self, overlaps, summarize};
+use super::model::{
+    ConfigResult, DISTURBED, MetricSource, Tie, TrialEnd, TrialOutcome, TrialStatus, TuneReport,
+    Warning,
+};
+use super::stats::{self, Verdict, summarize};
 use super::{Trial, TuneConfig};
 
 /// The table's words for what a configuration sets.
@@ -63,6 +66,12 @@ pub(super) fn trial(
         },
     };
     let ok = status == TrialStatus::Ok;
+    let secs = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64());
+    let (outside_cpu_s, steal_s) = (secs(o.outside_cpu), secs(o.steal));
+    let disturbance = match (outside_cpu_s, steal_s) {
+        (Some(x), Some(y)) => Some((x + y) / (wall * budget.max(1e-9))),
+        _ => None,
+    };
     Trial {
         round,
         status,
@@ -78,6 +87,12 @@ pub(super) fn trial(
         message,
         stderr_tail: if ok { vec![] } else { o.stderr_tail.clone() },
         outlier: false,
+        seq: 0,
+        ratio: None,
+        outside_cpu_s,
+        steal_s,
+        disturbance,
+        disturbed: disturbance.is_some_and(|d| d > DISTURBED),
     }
 }
 
@@ -132,33 +147,138 @@ pub fn finish(report: &mut TuneReport) {
             .filter_map(|t| t.gpu_mem_mib)
             .reduce(f64::max);
     }
-    let base = report
+    compare(report);
+}
+
+/// A configuration's scored throughput by round (None where it has none).
+pub(super) fn by_round(c: &ConfigResult, skip_disturbed: bool) -> Vec<Option<f64>> {
+    let rounds = c.trials.iter().map(|t| t.round + 1).max().unwrap_or(0);
+    let mut v = vec![None; rounds];
+    for t in &c.trials {
+        if t.status == TrialStatus::Ok && !(skip_disturbed && t.disturbed) {
+            v[t.round] = t.throughput;
+        }
+    }
+    v
+}
+
+/// Paired speed-ups against the reference, the winner (ties chosen by rule),
+/// each configuration against the winner, and drift.
+fn compare(report: &mut TuneReport) {
+    let level = report.interval_level;
+    let rounds: Vec<Vec<Option<f64>>> = report.configs.iter().map(|c| by_round(c, false)).collect();
+    let reference = report
         .baseline
         .as_ref()
-        .and_then(|b| report.configs.iter().find(|c| &c.name == b))
-        .and_then(|c| c.throughput);
-    for c in &mut report.configs {
-        c.speedup = match (c.throughput, base) {
-            (Some(t), Some(b)) if b.median > 0.0 => Some(t.median / b.median),
-            _ => None,
-        };
+        .and_then(|b| report.configs.iter().position(|c| &c.name == b));
+    for (i, c) in report.configs.iter_mut().enumerate() {
+        let p = reference.and_then(|r| stats::paired(&rounds[i], &rounds[r], level));
+        c.speedup = p.as_ref().map(|p| p.median);
+        c.speedup_low = p.as_ref().map(|p| p.low).filter(|x| *x > 0.0);
+        c.speedup_high = p.as_ref().map(|p| p.high).filter(|x| x.is_finite());
+        for t in &mut c.trials {
+            let base = reference.and_then(|r| *rounds[r].get(t.round)?);
+            t.ratio = match (t.throughput, base) {
+                (Some(x), Some(b)) if t.status == TrialStatus::Ok && b > 0.0 => Some(x / b),
+                _ => None,
+            };
+        }
     }
-    // A configuration halving dropped lost when both had as many trials; its
-    // median is not compared with later rounds' (the machine drifts).
-    let best_of = |dropped_too: bool| {
-        report
-            .configs
-            .iter()
-            .filter(|c| dropped_too || c.dropped_after_round.is_none())
-            .filter_map(|c| Some((c.name.clone(), c.throughput?)))
-            .max_by(|a, b| a.1.median.total_cmp(&b.1.median))
+    // The leader: the highest speed-up (without a reference, median) among
+    // configurations still measured; a dropped one lost when both had as many
+    // trials, and is only a candidate when nothing else is.
+    let score = |c: &ConfigResult| {
+        if reference.is_some() {
+            c.speedup
+        } else {
+            c.throughput.map(|t| t.median)
+        }
     };
-    let best = best_of(false).or_else(|| best_of(true));
-    report.winner = best.as_ref().map(|(n, _)| n.clone());
-    for c in &mut report.configs {
-        c.indistinguishable_from_winner = match (&best, c.throughput) {
-            (Some((n, w)), Some(t)) => *n != c.name && overlaps(w, &t),
-            _ => false,
-        };
+    let best = |dropped_too: bool| {
+        (0..report.configs.len())
+            .filter(|&i| dropped_too || report.configs[i].dropped_after_round.is_none())
+            .filter_map(|i| Some((i, score(&report.configs[i])?)))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(i, _)| i)
+    };
+    let Some(leader) = best(false).or_else(|| best(true)) else {
+        report.winner = None;
+        report.tie = None;
+        return;
+    };
+    // Tied with the leader: measured beside it in two rounds at least (a
+    // configuration that never was cannot be compared) and its paired
+    // interval holds 1.00.
+    let mut tied: Vec<usize> = (0..report.configs.len())
+        .filter(|&i| {
+            i == leader
+                || (report.configs[i].dropped_after_round.is_none()
+                    && stats::paired(&rounds[i], &rounds[leader], level).is_some_and(|p| {
+                        p.ratios.len() >= 2 && p.verdict() == Verdict::NotDistinguishable
+                    }))
+        })
+        .collect();
+    tied.sort_by(|&a, &b| {
+        let (ca, cb) = (&report.configs[a], &report.configs[b]);
+        (ca.role.tie_rank(), score(cb).unwrap_or(0.0))
+            .partial_cmp(&(cb.role.tie_rank(), score(ca).unwrap_or(0.0)))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    let winner = tied[0];
+    report.winner = Some(report.configs[winner].name.clone());
+    report.tie = (tied.len() > 1).then(|| Tie {
+        configs: tied
+            .iter()
+            .map(|&i| report.configs[i].name.clone())
+            .collect(),
+        rule: TIE_RULE.into(),
+    });
+    for (i, c) in report.configs.iter_mut().enumerate() {
+        c.vs_winner = (i != winner)
+            .then(|| stats::paired(&rounds[i], &rounds[winner], level))
+            .flatten();
+        c.indistinguishable_from_winner = c
+            .vs_winner
+            .as_ref()
+            .is_some_and(|p| p.verdict() == Verdict::NotDistinguishable);
     }
+    report.drift = machine_drift(report);
+    report
+        .warnings
+        .retain(|w| !matches!(w, Warning::Drift { .. }));
+    if let Some(d) = report.drift {
+        report.warnings.push(Warning::Drift { ratio: d.ratio });
+    }
+}
+
+/// How a tie is decided, as the report says it.
+pub const TIE_RULE: &str = "among configurations the data cannot tell apart, the plan is chosen, \
+    then the fewest changes from it, then the highest speed-up";
+
+/// The machine's speed moved by at least this much before it is reported.
+pub const DRIFT_REPORTED: f64 = 1.2;
+
+/// A change in the machine's speed, from every scored trial: its log
+/// throughput less its configuration's mean, in the order the trials ran.
+fn machine_drift(report: &TuneReport) -> Option<stats::Drift> {
+    let mut points: Vec<(usize, f64)> = vec![];
+    for c in &report.configs {
+        let scored: Vec<&Trial> = c
+            .trials
+            .iter()
+            .filter(|t| t.status == TrialStatus::Ok && t.throughput.is_some_and(|x| x > 0.0))
+            .collect();
+        if scored.len() < 2 {
+            continue;
+        }
+        let logs: Vec<f64> = scored
+            .iter()
+            .filter_map(|t| Some(t.throughput?.ln()))
+            .collect();
+        let mean = logs.iter().sum::<f64>() / logs.len() as f64;
+        points.extend(scored.iter().zip(&logs).map(|(t, l)| (t.seq, l - mean)));
+    }
+    points.sort_by_key(|p| p.0);
+    let residuals: Vec<f64> = points.into_iter().map(|p| p.1).collect();
+    stats::drift(&residuals, DRIFT_REPORTED)
 }

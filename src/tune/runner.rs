@@ -13,6 +13,7 @@ use crate::launch::output::{LineSink, OutputOptions};
 use crate::launch::supervise::{self, RunOptions};
 use crate::launch::{RankLaunch, check_placements, node_launches, plan_launches};
 use crate::measure::gpu::GpuSampler;
+use crate::measure::proc::ProcReader;
 use crate::plan::{Facts, Plan, plan};
 use crate::topology::Topology;
 
@@ -112,7 +113,10 @@ impl super::TrialRunner for Runner {
         if let Some(g) = &mut self.gpu {
             g.start();
         }
+        let mut proc = ProcReader::new("/");
+        let before = proc.system();
         let outcome = supervise::run(&launches, &opts);
+        let after = proc.system();
         let gpu = self.gpu.as_mut().map(GpuSampler::stop);
         let o = match outcome {
             Ok(o) => o,
@@ -137,11 +141,25 @@ impl super::TrialRunner for Runner {
             .and_then(|i| o.tails.get(i).cloned())
             .unwrap_or_default();
         let hit = hit.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let cpu: Duration = o.results.iter().map(|r| r.cpu).sum();
+        // What else the machine did meanwhile: its busy time less the job's
+        // own (ranks and their waited-for children; our supervisor's few ms
+        // count as outside), and what the hypervisor stole.
+        let (outside, steal) = match (before, after) {
+            (Some(b), Some(a)) => {
+                let (busy, steal) = b.since(a);
+                (
+                    Some(Duration::from_secs_f64((busy - cpu.as_secs_f64()).max(0.0))),
+                    Some(Duration::from_secs_f64(steal)),
+                )
+            }
+            _ => (None, None),
+        };
         TrialOutcome {
             end,
             hit,
             wall: o.wall,
-            cpu: o.results.iter().map(|r| r.cpu).sum(),
+            cpu,
             voluntary_cs: o.results.iter().map(|r| r.voluntary_cs).sum(),
             involuntary_cs: o.results.iter().map(|r| r.involuntary_cs).sum(),
             peak_rss_kib: o.results.iter().map(|r| r.max_rss_kib).sum(),
@@ -152,6 +170,8 @@ impl super::TrialRunner for Runner {
             },
             gpu_util_pct: gpu.and_then(|g| g.util_pct),
             gpu_mem_mib: gpu.and_then(|g| g.mem_mib),
+            outside_cpu: outside,
+            steal,
         }
     }
 }

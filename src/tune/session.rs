@@ -8,7 +8,8 @@ use super::model::{
     ConfigResult, Event, LaunchKey, MetricSource, NO_UNIT_YET, Strategy, TrialOutcome, TrialRunner,
     TuneOptions, TuneReport, Warning,
 };
-use super::outcome::{describe, finish, trial};
+use super::outcome::{by_round, describe, finish, trial};
+use super::stats;
 use super::{TrialEnd, TuneConfig};
 
 /// The default search drops, after its first measured round, a configuration
@@ -29,11 +30,13 @@ fn far_behind(report: &TuneReport, active: &[usize]) -> Vec<usize> {
     let Some(best) = active.iter().filter_map(|&i| value(i)).reduce(f64::max) else {
         return vec![];
     };
+    // A trial something else disturbed is no reason to drop its configuration.
+    let disturbed = |i: usize| report.configs[i].trials.iter().any(|t| t.disturbed);
     active
         .iter()
         .copied()
         .filter(|&i| report.baseline.as_deref() != Some(report.configs[i].name.as_str()))
-        .filter(|&i| value(i).is_some_and(|v| v < FIRST_ROUND_CUT * best))
+        .filter(|&i| !disturbed(i) && value(i).is_some_and(|v| v < FIRST_ROUND_CUT * best))
         .collect()
 }
 
@@ -63,25 +66,43 @@ fn merge_same_launch(
     kept.into_iter().map(|(_, c, n)| (c, n)).unzip()
 }
 
-/// Configurations clearly worse than the best: their best trial is below the
-/// best configuration's worst and their median more than CLEARLY_WORSE below
-/// its median. Ranges alone are weak with two trials each: two equally fast
-/// configurations fail to overlap one time in six (1 of the C(4,2) orders).
+/// Configurations clearly worse than the leader (not the baseline): in every
+/// round both ran undisturbed (two at least), below CLEARLY_WORSE of the
+/// leader's trial in that round. Paired, so drift between rounds cannot make
+/// a configuration look worse; all rounds, so one trial never decides.
 fn clearly_worse(report: &TuneReport, active: &[usize]) -> Vec<usize> {
-    let best = active
-        .iter()
-        .filter_map(|&i| report.configs[i].throughput)
-        .max_by(|a, b| a.median.total_cmp(&b.median));
-    let Some(best) = best else { return vec![] };
+    let Some(leader) = report
+        .winner
+        .as_ref()
+        .and_then(|w| report.configs.iter().position(|c| &c.name == w))
+    else {
+        return vec![];
+    };
+    let lead = by_round(&report.configs[leader], true);
     active
         .iter()
         .copied()
+        .filter(|&i| i != leader)
+        .filter(|&i| report.baseline.as_deref() != Some(report.configs[i].name.as_str()))
         .filter(|&i| {
-            report.configs[i]
-                .throughput
-                .is_none_or(|t| t.max < best.min && t.median < CLEARLY_WORSE * best.median)
+            stats::paired(&by_round(&report.configs[i], true), &lead, 0.95)
+                .is_some_and(|p| p.ratios.len() >= 2 && p.ratios.iter().all(|r| *r < CLEARLY_WORSE))
         })
         .collect()
+}
+
+/// Round `round`'s order of `which`: shuffled from the report's seed, so drift
+/// within a round touches every configuration alike over the rounds.
+fn order(which: &[usize], seed: u64, round: usize) -> Vec<usize> {
+    let mut v = which.to_vec();
+    let mut x = (seed ^ (round as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1;
+    for i in (1..v.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    v
 }
 
 /// The tuning loop's state between trials.
@@ -95,6 +116,8 @@ struct Session<'a> {
     /// The unit every scored trial must share, from that first trial (None:
     /// not decided yet, or a --metric pattern, which has none).
     unit: Option<String>,
+    /// Measured trials so far: the next one's `seq`.
+    seq: usize,
 }
 
 impl Session<'_> {
@@ -107,7 +130,7 @@ impl Session<'_> {
         on_event: &mut dyn FnMut(Event),
     ) -> bool {
         let warm = round < self.opts.warmup;
-        for &i in which {
+        for i in order(which, self.report.order_seed, round) {
             on_event(Event::TrialStart {
                 config: &self.configs[i].name.clone(),
                 round,
@@ -162,7 +185,10 @@ impl Session<'_> {
         if t.status == super::TrialStatus::Ok && t.hit.is_some() {
             r.configs[i].read_from = t.hit.clone();
         }
-        r.configs[i].trials.push(t);
+        r.configs[i]
+            .trials
+            .push(super::Trial { seq: self.seq, ..t });
+        self.seq += 1;
         finish(r);
     }
 
@@ -200,24 +226,46 @@ impl Session<'_> {
         }
         self.report
             .configs
-            .push(ConfigResult::new(&c.name, describe(&c)));
+            .push(ConfigResult::new(&c.name, c.role, describe(&c)));
         self.configs.push(c);
         let i = self.configs.len() - 1;
         active.push(i);
         Some(i)
     }
 
-    /// The winner and the configurations it cannot be told apart from.
+    /// The reference's index (every paired ratio needs its trial in the round).
+    fn reference(&self) -> Option<usize> {
+        let b = self.report.baseline.as_ref()?;
+        self.report.configs.iter().position(|c| &c.name == b)
+    }
+
+    /// The close pair, while the data cannot tell it apart: the winner and
+    /// the runner-up (the still-measured configuration nearest to it, paired),
+    /// with the reference.
     fn close_race(&self, active: &[usize]) -> Vec<usize> {
         let r = &self.report;
-        active
+        let Some(w) = r
+            .winner
+            .as_ref()
+            .and_then(|w| r.configs.iter().position(|c| &c.name == w))
+        else {
+            return vec![];
+        };
+        let runner_up = active
             .iter()
             .copied()
-            .filter(|&i| {
-                let c = &r.configs[i];
-                r.winner.as_deref() == Some(c.name.as_str()) || c.indistinguishable_from_winner
-            })
-            .collect()
+            .filter(|&i| i != w)
+            .filter_map(|i| Some((i, r.configs[i].vs_winner.as_ref()?)))
+            .max_by(|a, b| a.1.median.total_cmp(&b.1.median));
+        let Some((up, p)) = runner_up else {
+            return vec![];
+        };
+        if p.verdict() != stats::Verdict::NotDistinguishable {
+            return vec![];
+        }
+        let mut which = vec![w, up];
+        which.extend(self.reference().filter(|x| !which.contains(x)));
+        which
     }
 }
 
@@ -237,7 +285,7 @@ pub fn tune(
         .zip(same)
         .map(|(c, same)| ConfigResult {
             same_launch: same,
-            ..ConfigResult::new(&c.name, describe(c))
+            ..ConfigResult::new(&c.name, c.role, describe(c))
         })
         .collect();
     report.baseline = configs
@@ -247,6 +295,11 @@ pub fn tune(
         .map(|c| c.name.clone());
     report.runs = opts.runs;
     report.warmup = opts.warmup;
+    report.order_seed = opts.seed;
+    // A close race is looked at after the base rounds and after each block
+    // of as many more: every interval is at the level that keeps the whole
+    // sequence of looks at 95%.
+    report.interval_level = stats::per_look_level(opts.max_runs.max(opts.runs).div_ceil(opts.runs));
     let mut total = configs.len() * (opts.runs + opts.warmup);
     on_event(Event::Start { total });
     let halving = match opts.strategy {
@@ -259,6 +312,7 @@ pub fn tune(
         report,
         mode: None,
         unit: None,
+        seq: 0,
     };
     let mut active: Vec<usize> = (0..configs.len()).collect();
     let mut late: Option<usize> = None;
@@ -287,6 +341,9 @@ pub fn tune(
                 s.report.configs[i].dropped_after_round = Some(0);
             }
             active.retain(|i| !far.contains(i));
+            // The progress total loses the rounds they will not run.
+            total -= far.len() * (opts.warmup + opts.runs - round - 1);
+            on_event(Event::Start { total });
         }
         if round == opts.warmup + 1 {
             if halving && round + 1 < opts.warmup + opts.runs {
@@ -295,6 +352,8 @@ pub fn tune(
                     s.report.configs[i].dropped_after_round = Some(round - opts.warmup);
                 }
                 active.retain(|i| !worse.contains(i));
+                total -= worse.len() * (opts.warmup + opts.runs - round - 1);
+                on_event(Event::Start { total });
             }
             if let Some(base) = &opts.combine {
                 late = s.combine(base, &mut active, &*runner);
@@ -317,6 +376,7 @@ pub fn tune(
                 .and_then(|w| s.report.configs.iter().position(|x| &x.name == w));
             let mut which = vec![c];
             which.extend(winner.filter(|w| *w != c));
+            which.extend(s.reference().filter(|x| !which.contains(x)));
             total += which.len().saturating_sub(1);
             on_event(Event::Start { total });
             if !s.round(&which, round, runner, on_event) {
@@ -332,15 +392,23 @@ pub fn tune(
             .map(|c| c.trials.len())
             .max()
             .unwrap_or(0);
-    for round in first_extra..opts.warmup + opts.max_runs.max(opts.runs) {
+    // More rounds for a close race, in blocks of --runs: the intervals'
+    // level counts on looks at block ends only.
+    let last = opts.warmup + opts.max_runs.max(opts.runs);
+    let mut round = first_extra;
+    while round < last {
         let close = s.close_race(&active);
         if close.len() < 2 {
             break;
         }
-        total += close.len();
+        let block = opts.runs.min(last - round);
+        total += close.len() * block;
         on_event(Event::Start { total });
-        if !s.round(&close, round, runner, on_event) {
-            return s.report;
+        for _ in 0..block {
+            if !s.round(&close, round, runner, on_event) {
+                return s.report;
+            }
+            round += 1;
         }
     }
     s.report.complete = true;

@@ -18,13 +18,28 @@ fn trial(round: usize, v: f64) -> Trial {
         stderr_tail: vec![],
         hit: None,
         outlier: false,
+        seq: 0,
+        ratio: None,
+        outside_cpu_s: Some(0.04),
+        steal_s: Some(0.0),
+        disturbance: Some(0.01),
+        disturbed: false,
+    }
+}
+
+fn role_of(name: &str) -> crate::tune::grid::Role {
+    use crate::tune::grid::Role;
+    match name {
+        "unset" => Role::Baseline,
+        "plan" => Role::Plan,
+        _ => Role::Guide,
     }
 }
 
 fn config(name: &str, v: &[f64]) -> ConfigResult {
     ConfigResult {
         trials: v.iter().enumerate().map(|(i, x)| trial(i, *x)).collect(),
-        ..ConfigResult::new(name, format!("options of {name}"))
+        ..ConfigResult::new(name, role_of(name), format!("options of {name}"))
     }
 }
 
