@@ -252,8 +252,8 @@ fn compare(report: &mut TuneReport) {
 }
 
 /// How a tie is decided, as the report says it.
-pub const TIE_RULE: &str = "among configurations the data cannot tell apart, the plan is chosen, \
-    then the fewest changes from it, then the highest speed-up";
+pub const TIE_RULE: &str =
+    "the plan first, then the fewest changes from it, then the highest speed-up";
 
 /// The machine's speed moved by at least this much before it is reported.
 pub const DRIFT_REPORTED: f64 = 1.2;

@@ -24,8 +24,12 @@ pub(crate) fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
 /// Speed-up, CPU %, GPU %, GPU memory (with `mem_unit`) and context switches:
 /// the cells the table and the Markdown export share.
 pub(crate) fn metric_cells(c: &ConfigResult, mem_unit: &str) -> [String; 5] {
+    let speedup = match (c.speedup, c.speedup_low, c.speedup_high) {
+        (Some(v), Some(lo), Some(hi)) if hi > lo => format!("{v:.2}x [{lo:.2}-{hi:.2}]"),
+        (v, _, _) => opt(v, |v| format!("{v:.2}x")),
+    };
     [
-        opt(c.speedup, |v| format!("{v:.2}x")),
+        speedup,
         opt(c.cpu_util_pct, |v| format!("{v:.0}")),
         opt(c.gpu_util_pct, |v| format!("{v:.0}")),
         opt(c.gpu_mem_mib, |v| format!("{v:.0}{mem_unit}")),
@@ -50,12 +54,16 @@ fn row(r: &TuneReport, c: &ConfigResult) -> Vec<String> {
     let count = |f: &dyn Fn(TrialStatus) -> bool| c.trials.iter().filter(|t| f(t.status)).count();
     let failed = count(&|s| s != TrialStatus::Ok && s != TrialStatus::NoMetric);
     let missing = count(&|s| s == TrialStatus::NoMetric);
+    let disturbed = c.trials.iter().filter(|t| t.disturbed).count();
     let mut name = c.name.clone();
     if failed > 0 {
         name.push_str(&format!(" ({failed} failed)"));
     }
     if missing > 0 {
         name.push_str(&format!(" ({missing} no metric)"));
+    }
+    if disturbed > 0 {
+        name.push_str(&format!(" ({disturbed} disturbed)"));
     }
     let mut cells = vec![name, thr];
     cells.extend(metric_cells(c, " MiB"));
@@ -74,7 +82,7 @@ pub(super) fn notes(r: &TuneReport) -> String {
             // Dropped on the trials it had then; say so when the winner's
             // later trials made the two overlap after all.
             let now = if c.indistinguishable_from_winner {
-                "; the winner's later trials overlap it now: --strategy all measures every row fully"
+                "; the data cannot tell it from the winner now: --strategy all measures every row fully"
             } else {
                 ""
             };
@@ -84,7 +92,10 @@ pub(super) fn notes(r: &TuneReport) -> String {
                     super::FIRST_ROUND_CUT * 100.0
                 )
             } else {
-                "its best trial was below the leader's worst then".to_string()
+                format!(
+                    "it was more than {:.0}% behind the leader in every round both ran",
+                    (1.0 - super::CLEARLY_WORSE) * 100.0
+                )
             };
             out.push_str(&format!(
                 "{}: dropped after round {round}: {why}{now}\n",
@@ -113,6 +124,14 @@ pub(super) fn notes(r: &TuneReport) -> String {
                 c.throughput.map_or("-".into(), |s| num(s.median))
             ));
         }
+        for tr in c.trials.iter().filter(|t| t.disturbed) {
+            out.push_str(&format!(
+                "{} round {}: disturbed: {:.0}% of the CPU budget went to other processes or the hypervisor\n",
+                c.name,
+                tr.round,
+                tr.disturbance.unwrap_or(0.0) * 100.0
+            ));
+        }
         for tr in c.trials.iter().filter(|t| t.status != TrialStatus::Ok) {
             let why = tr
                 .message
@@ -131,22 +150,25 @@ pub(super) fn notes(r: &TuneReport) -> String {
         out.push_str(&format!("warning: {w}\n"));
     }
     out.push_str(&read_from(r));
+    if let Some(b) = &r.baseline {
+        out.push_str(&format!(
+            "speed-ups are paired per round against {b}: the median of the per-round ratios, \
+             [its {:.1}% interval (t, of the log ratios)]; each round's order shuffled from seed {}\n",
+            r.interval_level * 100.0,
+            r.order_seed
+        ));
+    }
     if let Some(w) = &r.winner {
-        let same: Vec<&str> = r
-            .configs
-            .iter()
-            .filter(|c| c.indistinguishable_from_winner)
-            .map(|c| c.name.as_str())
-            .collect();
-        out.push_str(&format!("winner: {w}"));
-        if !same.is_empty() {
-            out.push_str(&format!(
-                " (not distinguishable from {}: the 95% bootstrap intervals of the medians overlap; \
-                 --runs or --max-runs give a close race more trials)",
-                same.join(", ")
-            ));
+        match &r.tie {
+            Some(t) => out.push_str(&format!(
+                "winner: {w}, by rule: the data cannot tell apart {} ({})\n",
+                t.configs.join(", "),
+                t.rule
+            )),
+            None => out.push_str(&format!(
+                "winner: {w} (the data tells it apart from every other, paired round by round)\n"
+            )),
         }
-        out.push('\n');
     }
     out
 }

@@ -13,7 +13,7 @@ use crate::launch::output::{LineSink, OutputOptions};
 use crate::launch::supervise::{self, RunOptions};
 use crate::launch::{RankLaunch, check_placements, node_launches, plan_launches};
 use crate::measure::gpu::GpuSampler;
-use crate::measure::proc::ProcReader;
+use crate::measure::proc::{ProcReader, ticks_per_second};
 use crate::plan::{Facts, Plan, plan};
 use crate::topology::Topology;
 
@@ -145,8 +145,11 @@ impl super::TrialRunner for Runner {
         // What else the machine did meanwhile: its busy time less the job's
         // own (ranks and their waited-for children; our supervisor's few ms
         // count as outside), and what the hypervisor stole.
+        // /proc/stat counts in clock ticks: a trial shorter than 100 ticks of
+        // the budget is too short to say what share went elsewhere.
+        let ticks = o.wall.as_secs_f64() * ticks_per_second() * self.topology.cpu_budget;
         let (outside, steal) = match (before, after) {
-            (Some(b), Some(a)) => {
+            (Some(b), Some(a)) if ticks >= 100.0 => {
                 let (busy, steal) = b.since(a);
                 (
                     Some(Duration::from_secs_f64((busy - cpu.as_secs_f64()).max(0.0))),

@@ -180,7 +180,7 @@ fn interleaved_rounds_stats_and_winner() {
     assert_eq!(r.winner.as_deref(), Some("plan"));
     let tie = r.tie.as_ref().expect("a tie");
     assert_eq!(tie.configs, ["plan", "one"]);
-    assert!(tie.rule.contains("the plan is chosen"));
+    assert!(tie.rule.contains("the plan first"));
     assert!(!r.configs[0].indistinguishable_from_winner);
     assert_eq!(plan.cpu_util_pct, Some(50.0));
     assert_eq!(plan.voluntary_cs_per_s, Some(50.0));

@@ -28,7 +28,8 @@ fn names(r: &Value) -> Vec<&str> {
         .collect()
 }
 
-/// Every configuration present, medians within min-max, the winner the best median.
+/// Every configuration present, medians within min-max; the winner the best
+/// paired speed-up, or, in a tie, one of the tied that the rule prefers.
 fn assert_consistent(r: &Value) {
     let configs = r["configs"].as_array().unwrap();
     let mut best: Option<(f64, String)> = None;
@@ -52,11 +53,32 @@ fn assert_consistent(r: &Value) {
                 .filter(|t| t["status"] == "ok")
                 .count()
         );
-        if best.as_ref().is_none_or(|(b, _)| med > *b) {
-            best = Some((med, c["name"].as_str().unwrap().to_string()));
+        // Every scored trial carries its ratio to the reference's trial.
+        for t in c["trials"].as_array().unwrap() {
+            if t["status"] == "ok" {
+                assert!(t["ratio"].as_f64().is_some_and(|x| x > 0.0), "{t}");
+            }
+        }
+        let s = c["speedup"].as_f64().unwrap();
+        if c["dropped_after_round"].is_null() && best.as_ref().is_none_or(|(b, _)| s > *b) {
+            best = Some((s, c["name"].as_str().unwrap().to_string()));
         }
     }
-    assert_eq!(r["winner"].as_str(), best.map(|b| b.1).as_deref());
+    let best = best.map(|b| b.1);
+    let winner = r["winner"].as_str();
+    match r["tie"].as_object() {
+        None => assert_eq!(winner, best.as_deref(), "no tie: the best speed-up wins"),
+        Some(tie) => {
+            let tied: Vec<&str> = tie["configs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_str().unwrap())
+                .collect();
+            assert_eq!(winner, Some(tied[0]), "{tie:?}");
+            assert!(tied.contains(&best.as_deref().unwrap()), "{tie:?}");
+        }
+    }
 }
 
 #[test]
@@ -483,7 +505,16 @@ fn configurations_that_launch_alike_run_once() {
     let d = tempfile::tempdir().unwrap();
     let (calls, j) = (d.path().join("calls"), d.path().join("r.json"));
     let out = Command::new(bin())
-        .args(["tune", "-n", "1", "--runs", "2", "--grid"])
+        .args([
+            "tune",
+            "-n",
+            "1",
+            "--runs",
+            "2",
+            "--max-runs",
+            "2",
+            "--grid",
+        ])
         .arg(format!("threads=auto,{auto},{}", auto + 1))
         .arg("--export-json")
         .arg(&j)
@@ -511,4 +542,66 @@ fn configurations_that_launch_alike_run_once() {
         "{}",
         text(&out.stdout)
     );
+}
+
+/// The simulation's model as a real client: a true speed per configuration
+/// (unset 50, threads=1 100, threads=2 110 img/s), the machine 1.5x faster
+/// from the 10th trial on, and +-2% of noise. Paired rounds keep the
+/// speed-ups true, the step is reported, the order comes from the seed.
+#[test]
+fn a_client_on_a_drifting_machine_gets_paired_speedups_and_a_drift_warning() {
+    let d = tempfile::tempdir().unwrap();
+    let (count, j) = (d.path().join("count"), d.path().join("r.json"));
+    let client = format!(
+        "n=$(cat {c} 2>/dev/null || echo 0); echo $((n + 1)) > {c}; \
+         awk -v n=\"$n\" -v t=\"${{OMP_NUM_THREADS:-unset}}\" 'BEGIN {{ \
+           v = (t == \"unset\") ? 50 : (t == 1 ? 100 : 110); \
+           if (n >= 9) v *= 1.5; \
+           v *= 1 + 0.02 * ((n * 7) % 5 - 2) / 2; \
+           printf \"threadwise: throughput=%.3f img/s\\n\", v }}'",
+        c = count.display()
+    );
+    let out = Command::new(bin())
+        .args(["tune", "-n", "1", "--runs", "5", "--seed", "42"])
+        .args(["--grid", "threads=1,2", "--export-json"])
+        .arg(&j)
+        .args(["--", "sh", "-c", &client])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r = json(&j);
+    let table = text(&out.stdout);
+    assert_eq!(r["order_seed"], 42);
+    assert!(table.contains("shuffled from seed 42"), "{table}");
+    // The step: found, and said once.
+    let drift = r["drift"]["ratio"].as_f64().expect("drift reported");
+    assert!((1.35..1.65).contains(&drift), "{drift}");
+    assert!(
+        table.contains("the machine's speed moved")
+            && table.contains("speed-ups are paired per round"),
+        "{table}"
+    );
+    // Paired speed-ups stay true across the step: 2.0 and 2.2.
+    let speedup = |name: &str| {
+        r["configs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap()["speedup"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(
+        (speedup("threads=1") - 2.0).abs() < 0.1,
+        "{}",
+        speedup("threads=1")
+    );
+    assert!(
+        (speedup("threads=2") - 2.2).abs() < 0.11,
+        "{}",
+        speedup("threads=2")
+    );
+    assert_eq!(r["winner"], "threads=2");
+    assert_consistent(&r);
 }

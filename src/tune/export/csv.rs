@@ -9,7 +9,7 @@ fn opt(v: Option<f64>) -> String {
     v.map_or_else(String::new, |x| format!("{x:.4}"))
 }
 
-const HEADER: [&str; 20] = [
+const HEADER: [&str; 28] = [
     "config",
     "options",
     "round",
@@ -30,6 +30,14 @@ const HEADER: [&str; 20] = [
     "metric_rank",
     "metric_unit",
     "metric_line",
+    "seq",
+    "ratio_to_reference",
+    "speedup_low",
+    "speedup_high",
+    "outside_cpu_s",
+    "steal_s",
+    "disturbance",
+    "disturbed",
 ];
 
 impl Exporter<TuneReport> for Csv {
@@ -62,6 +70,14 @@ impl Exporter<TuneReport> for Csv {
                         .and_then(|h| h.unit.clone())
                         .unwrap_or_default(),
                     t.hit.as_ref().map_or(String::new(), |h| h.line.clone()),
+                    t.seq.to_string(),
+                    opt(t.ratio),
+                    opt(c.speedup_low),
+                    opt(c.speedup_high),
+                    opt(t.outside_cpu_s),
+                    opt(t.steal_s),
+                    opt(t.disturbance),
+                    t.disturbed.to_string(),
                 ])?;
             }
         }
