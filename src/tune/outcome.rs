@@ -237,10 +237,11 @@ fn compare(report: &mut TuneReport) {
         c.vs_winner = (i != winner)
             .then(|| stats::paired(&rounds[i], &rounds[winner], level))
             .flatten();
+        // One round beside the winner is no interval: no mark either way.
         c.indistinguishable_from_winner = c
             .vs_winner
             .as_ref()
-            .is_some_and(|p| p.verdict() == Verdict::NotDistinguishable);
+            .is_some_and(|p| p.ratios.len() >= 2 && p.verdict() == Verdict::NotDistinguishable);
     }
     report.drift = machine_drift(report);
     report
