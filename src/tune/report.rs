@@ -79,13 +79,6 @@ pub(super) fn notes(r: &TuneReport) -> String {
     let mut out = String::new();
     for c in &r.configs {
         if let Some(round) = c.dropped_after_round {
-            // Dropped on the trials it had then; say so when the winner's
-            // later trials made the two overlap after all.
-            let now = if c.indistinguishable_from_winner {
-                "; the data cannot tell it from the winner now: --strategy all measures every row fully"
-            } else {
-                ""
-            };
             let why = if round == 0 {
                 format!(
                     "its trial was below {:.0}% of the round's best",
@@ -98,7 +91,7 @@ pub(super) fn notes(r: &TuneReport) -> String {
                 )
             };
             out.push_str(&format!(
-                "{}: dropped after round {round}: {why}{now}\n",
+                "{}: dropped after round {round}: {why} (--strategy all measures every row fully)\n",
                 c.name
             ));
         }

@@ -130,7 +130,17 @@ impl Session<'_> {
         on_event: &mut dyn FnMut(Event),
     ) -> bool {
         let warm = round < self.opts.warmup;
-        for i in order(which, self.report.order_seed, round) {
+        let mut ordered = order(which, self.report.order_seed, round);
+        // The first measured trial that succeeds decides how throughput is
+        // read: let it be the reference's, whatever the shuffle says.
+        if round == self.opts.warmup
+            && let Some(r) = self.reference()
+            && let Some(at) = ordered.iter().position(|&i| i == r)
+        {
+            let r = ordered.remove(at);
+            ordered.insert(0, r);
+        }
+        for i in ordered {
             on_event(Event::TrialStart {
                 config: &self.configs[i].name.clone(),
                 round,
