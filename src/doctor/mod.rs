@@ -7,6 +7,7 @@
 //! machine: fixes are printed (`--fix`) or written to a file the user installs.
 
 mod checks;
+mod gpu;
 mod machine;
 pub mod python;
 mod render;
@@ -144,7 +145,7 @@ pub fn diagnose(
     checks::allocator(sys, &mut out);
     if !req.quick {
         checks::tools(sys, &mut out);
-        checks::gpu(sys, topo, req, &mut out);
+        gpu::gpu(sys, topo, req, &mut out);
     }
     if let Some(p) = py {
         python::findings(p, topo, req, &mut out);

@@ -45,6 +45,25 @@ fn base() -> FakeSys {
     FakeSys::default()
 }
 
+/// Two GPUs whose sysfs link files say (current width, max width, current
+/// speed, max speed), as the kernel writes them.
+fn pcie(links: &[(&str, &str, &str, &str); 2]) -> (FakeSys, Topology, Request) {
+    let t = topo("core:4 gpu:2");
+    let mut s = base();
+    for (g, (cw, mw, cs, ms)) in t.gpus.iter().zip(links) {
+        let dir = format!("/sys/bus/pci/devices/{}", g.bus_id);
+        for (name, v) in [
+            ("current_link_width", cw),
+            ("max_link_width", mw),
+            ("current_link_speed", cs),
+            ("max_link_speed", ms),
+        ] {
+            s = s.file(&format!("{dir}/{name}"), &format!("{v}\n"));
+        }
+    }
+    (s, t, n(2))
+}
+
 fn elf_so() -> Vec<u8> {
     let mut h = b"\x7fELF\x02\x01\x01".to_vec();
     h.resize(16, 0);
@@ -404,6 +423,35 @@ fn cases() -> Vec<Case> {
                 };
                 (s, topo("core:4 gpu:2"), n(2))
             }),
+        ),
+        (
+            "gpu.pcie-link",
+            Box::new(|| {
+                pcie(&[
+                    ("16", "16", "16.0 GT/s PCIe", "16.0 GT/s PCIe"),
+                    ("8", "16", "16.0 GT/s PCIe", "16.0 GT/s PCIe"),
+                ])
+            }),
+            Severity::Warn,
+            Box::new(|| {
+                pcie(&[
+                    ("16", "16", "16.0 GT/s PCIe", "16.0 GT/s PCIe"),
+                    ("16", "16", "8 GT/s", "8 GT/s"),
+                ])
+            }),
+        ),
+        (
+            "gpu.pcie-link",
+            // Full width but the idle generation: said, not warned.
+            Box::new(|| {
+                pcie(&[
+                    ("16", "16", "2.5 GT/s PCIe", "16.0 GT/s PCIe"),
+                    ("16", "16", "16.0 GT/s PCIe", "16.0 GT/s PCIe"),
+                ])
+            }),
+            Severity::Info,
+            // No link files (a dump without them): nothing to say.
+            Box::new(|| (base(), topo("core:4 gpu:2"), n(2))),
         ),
         (
             "gpu.count",

@@ -237,3 +237,54 @@ fn run_prints_the_quick_checks_unless_told_not_to() {
         text(&out.stderr)
     );
 }
+
+/// A real machine's dump with a GPU planted on its PCI bus as the kernel shows
+/// one (vendor, class, NUMA node, link files): the downgraded link is flagged
+/// by the real binary, and a full-width one is not.
+#[test]
+fn a_gpu_on_a_narrow_pcie_link_is_flagged() {
+    let tmp = super::scratch();
+    let root = super::extract_dump(tmp.path(), "16amd64-8n2c");
+    let dev = root.join("sys/bus/pci/devices/0000:3b:00.0");
+    std::fs::create_dir_all(&dev).unwrap();
+    let write = |name: &str, v: &str| std::fs::write(dev.join(name), format!("{v}\n")).unwrap();
+    for (name, v) in [
+        ("vendor", "0x10de"),
+        ("device", "0x20b0"),
+        ("class", "0x030200"),
+        ("numa_node", "0"),
+        ("local_cpulist", "0-1"),
+        ("current_link_width", "8"),
+        ("max_link_width", "16"),
+        ("current_link_speed", "16.0 GT/s PCIe"),
+        ("max_link_speed", "16.0 GT/s PCIe"),
+    ] {
+        write(name, v);
+    }
+    let args = ["--no-python", "--root", root.to_str().unwrap()];
+    let (_, v) = doctor(&args, &[]);
+    assert!(
+        ids(&v).contains(&"gpu.pcie-link:warn".to_string()),
+        "{:?}",
+        ids(&v)
+    );
+    let f = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == "gpu.pcie-link")
+        .unwrap();
+    assert!(
+        f["evidence"]
+            .to_string()
+            .contains("0000:3b:00.0: x8 at 16 GT/s, can do x16"),
+        "{f}"
+    );
+    write("current_link_width", "16");
+    let (_, v) = doctor(&args, &[]);
+    assert!(
+        ids(&v).contains(&"gpu.pcie-link:ok".to_string()),
+        "{:?}",
+        ids(&v)
+    );
+}
