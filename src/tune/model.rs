@@ -349,6 +349,12 @@ pub struct TuneReport {
 }
 
 impl TuneReport {
+    /// The index of the configuration a report field names (`baseline`, `winner`).
+    pub fn index_of(&self, name: Option<&String>) -> Option<usize> {
+        let name = name?;
+        self.configs.iter().position(|c| &c.name == name)
+    }
+
     /// How `c` compares with the winner.
     pub fn mark(&self, c: &ConfigResult) -> Mark {
         if self.winner.as_deref() == Some(c.name.as_str()) {

@@ -167,10 +167,7 @@ pub(super) fn by_round(c: &ConfigResult, skip_disturbed: bool) -> Vec<Option<f64
 fn compare(report: &mut TuneReport) {
     let level = report.interval_level;
     let rounds: Vec<Vec<Option<f64>>> = report.configs.iter().map(|c| by_round(c, false)).collect();
-    let reference = report
-        .baseline
-        .as_ref()
-        .and_then(|b| report.configs.iter().position(|c| &c.name == b));
+    let reference = report.index_of(report.baseline.as_ref());
     for (i, c) in report.configs.iter_mut().enumerate() {
         let p = reference.and_then(|r| stats::paired(&rounds[i], &rounds[r], level));
         c.speedup = p.as_ref().map(|p| p.median);

@@ -1,7 +1,7 @@
-//! The tuning loop: interleaved rounds over the configurations (A B C A B C,
-//! so drift hits all alike), halving, the default search's combination, and
-//! more rounds for a close race. Pure over a `TrialRunner`, so tests drive it
-//! with a mock.
+//! The tuning loop: rounds over the configurations, each in an order shuffled
+//! from the report's seed (so drift hits all alike), halving, the default
+//! search's combination, and more rounds, in blocks, for a close pair. Pure
+//! over a `TrialRunner`, so tests (and the simulation) drive it.
 
 use super::grid::{self, Role};
 use super::model::{
@@ -18,9 +18,9 @@ use super::{TrialEnd, TuneConfig};
 /// README (1.5 at most).
 pub const FIRST_ROUND_CUT: f64 = 0.5;
 
-/// Halving's second-round test also needs the median this far below the
-/// leader's: one trial's spread here is about 10%, so two medians of two
-/// trials differ by up to about 20% with nothing between them.
+/// Halving's second-round cut: a configuration below this fraction of the
+/// leader in every round both ran. One trial's spread here is about 10%, so
+/// two trials of equal configurations differ by up to about 20%.
 pub const CLEARLY_WORSE: f64 = 0.8;
 
 /// After one measured round: configurations (not the baseline, which every
@@ -71,11 +71,7 @@ fn merge_same_launch(
 /// leader's trial in that round. Paired, so drift between rounds cannot make
 /// a configuration look worse; all rounds, so one trial never decides.
 fn clearly_worse(report: &TuneReport, active: &[usize]) -> Vec<usize> {
-    let Some(leader) = report
-        .winner
-        .as_ref()
-        .and_then(|w| report.configs.iter().position(|c| &c.name == w))
-    else {
+    let Some(leader) = report.index_of(report.winner.as_ref()) else {
         return vec![];
     };
     let lead = by_round(&report.configs[leader], true);
@@ -245,8 +241,7 @@ impl Session<'_> {
 
     /// The reference's index (every paired ratio needs its trial in the round).
     fn reference(&self) -> Option<usize> {
-        let b = self.report.baseline.as_ref()?;
-        self.report.configs.iter().position(|c| &c.name == b)
+        self.report.index_of(self.report.baseline.as_ref())
     }
 
     /// The close pair, while the data cannot tell it apart: the winner and
@@ -254,11 +249,7 @@ impl Session<'_> {
     /// with the reference.
     fn close_race(&self, active: &[usize]) -> Vec<usize> {
         let r = &self.report;
-        let Some(w) = r
-            .winner
-            .as_ref()
-            .and_then(|w| r.configs.iter().position(|c| &c.name == w))
-        else {
+        let Some(w) = r.index_of(r.winner.as_ref()) else {
             return vec![];
         };
         let runner_up = active
@@ -279,9 +270,10 @@ impl Session<'_> {
     }
 }
 
-/// Run every configuration `runs` times (after `warmup` rounds), interleaved;
-/// then, up to `max_runs`, more rounds of the winner and the configurations it
-/// cannot be told apart from, while there are any.
+/// Run every configuration in `runs` rounds (after `warmup` rounds), each in a
+/// shuffled order; then, while the winner and the runner-up cannot be told
+/// apart, blocks of `runs` more rounds of the two and the reference, up to
+/// `max_runs` trials each.
 pub fn tune(
     configs: &[TuneConfig],
     mut report: TuneReport,
@@ -379,11 +371,7 @@ pub fn tune(
     if let Some(c) = late {
         let mut round = opts.warmup + opts.runs;
         while s.report.configs[c].trials.len() < opts.runs {
-            let winner = s
-                .report
-                .winner
-                .as_ref()
-                .and_then(|w| s.report.configs.iter().position(|x| &x.name == w));
+            let winner = s.report.index_of(s.report.winner.as_ref());
             let mut which = vec![c];
             which.extend(winner.filter(|w| *w != c));
             which.extend(s.reference().filter(|x| !which.contains(x)));
