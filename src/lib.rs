@@ -10,6 +10,7 @@ pub mod host;
 pub mod launch;
 pub mod measure;
 mod names;
+pub mod nvml;
 pub mod os;
 pub mod picture;
 pub mod plan;

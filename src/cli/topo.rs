@@ -49,7 +49,9 @@ fn write_svg(
 }
 
 pub fn topo(a: TopoArgs) -> Result<Exit, Failure> {
-    let t = load(&a.source)?;
+    // topo shows everything, NVML's view included.
+    let t = prepare::topology_with(&source(&a.source), crate::topology::gpus::NvmlUse::Always)
+        .map_err(topology_failure)?;
     write_svg(a.svg.as_deref(), &t, None)?;
     if a.picture {
         return emit(&crate::picture::text(&t, None, colour()));

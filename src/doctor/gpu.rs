@@ -7,6 +7,11 @@ use crate::topology::Topology;
 
 pub fn gpu(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
     let pci = topo.gpus.len();
+    // CUDA_VISIBLE_DEVICES indices count among the GPUs the job can open.
+    let openable = topo
+        .gpu_access
+        .as_ref()
+        .map_or(pci, |a| a.on_bus - a.hidden.len());
     if let Some(v) = sys.env("CUDA_VISIBLE_DEVICES") {
         let items: Vec<&str> = v.split(',').map(str::trim).collect();
         let f = if v.trim().is_empty() {
@@ -24,10 +29,9 @@ pub fn gpu(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Finding>
             Finding::new(
                 "gpu.visible",
                 Area::Gpu,
-                Severity::Info,
-                "CUDA_VISIBLE_DEVICES names GPUs by UUID: threadwise needs indices to place ranks by locality",
+                Severity::Ok,
+                "CUDA_VISIBLE_DEVICES names GPUs by UUID: resolved through /proc/driver/nvidia or NVML (threadwise topo shows each GPU's UUID)",
             )
-            .fix("nvidia-smi -L   # shows each UUID's index; export CUDA_VISIBLE_DEVICES=0,1,...")
         } else if let Some(bad) = items.iter().find(|i| i.parse::<usize>().is_err()) {
             Finding::new(
                 "gpu.visible",
@@ -39,14 +43,17 @@ pub fn gpu(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Finding>
         } else if let Some(big) = items
             .iter()
             .filter_map(|i| i.parse::<usize>().ok())
-            .find(|i| *i >= pci && pci > 0)
+            .find(|i| *i >= openable && openable > 0)
         {
             Finding::new(
                 "gpu.visible",
                 Area::Gpu,
                 Severity::Fail,
-                format!("CUDA_VISIBLE_DEVICES names GPU {big}, but the machine has {pci}"),
+                format!(
+                    "CUDA_VISIBLE_DEVICES names GPU {big}, but the job can open {openable}: CUDA stops there"
+                ),
             )
+            .fix("threadwise topo   # lists the GPUs this job can open, with the index each has inside it")
         } else {
             Finding::new(
                 "gpu.visible",

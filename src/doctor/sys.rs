@@ -93,7 +93,7 @@ impl Sys for RealSys {
         Ok(b)
     }
     fn nvml(&self) -> Nvml {
-        match nvml_wrapper::Nvml::init() {
+        match crate::nvml::open() {
             Err(e) => Nvml {
                 error: Some(e.to_string()),
                 ..Default::default()

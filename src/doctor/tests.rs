@@ -534,7 +534,7 @@ fn gpu_visible_forms() {
         )
     };
     assert_eq!(of(""), Some(Severity::Warn));
-    assert_eq!(of("GPU-8f3a,GPU-9b1c"), Some(Severity::Info));
+    assert_eq!(of("GPU-8f3a,GPU-9b1c"), Some(Severity::Ok));
     assert_eq!(of("0,5"), Some(Severity::Fail));
     assert_eq!(of("1"), Some(Severity::Ok));
 }

@@ -13,6 +13,7 @@ use super::env::overridden;
 use super::{LaunchError, RankLaunch, check_placements, detect, rank_launch, resolve};
 use crate::export::{bind_args, quote, quote_all};
 use crate::plan::{self, AllocatorChoice, Facts, NProc, Plan, PlanError, PlanRequest};
+use crate::topology::gpus::{self, NvmlUse};
 use crate::topology::{Topology, TopologyError, hwloc_xml, synthetic, sysfs};
 
 #[derive(Debug, thiserror::Error)]
@@ -106,7 +107,10 @@ pub fn topology_hint(e: &TopologyError) -> &'static str {
         TopologyError::Synthetic { .. } => {
             "e.g. --synthetic \"package:2 numa:2 l3:2 core:8 pu:2 gpu:4\""
         }
-        TopologyError::VisibleDevices { .. } => "unset CUDA_VISIBLE_DEVICES or give GPU indices",
+        TopologyError::VisibleDevices { .. } => {
+            "give indices or UUIDs of GPUs this job can open (threadwise topo lists them); \
+             UUIDs need the NVIDIA driver's /proc/driver/nvidia or NVML"
+        }
         _ => "check the path and permissions",
     }
 }
@@ -125,20 +129,39 @@ pub enum Source {
     Synthetic(String),
 }
 
-/// Read the topology `source` names.
+/// Read the topology `source` names, its GPUs narrowed to the job's.
 pub fn topology(source: &Source) -> Result<Topology, TopologyError> {
+    topology_with(source, NvmlUse::IfNeeded)
+}
+
+/// `topology`, saying when NVML is loaded (`topo` always loads it).
+pub fn topology_with(source: &Source, nvml: NvmlUse) -> Result<Topology, TopologyError> {
     match source {
-        Source::Root(root) => sysfs::probe(root, false),
+        Source::Root(root) => {
+            let mut t = sysfs::probe(root, false)?;
+            job_gpus(&mut t, root, false, nvml)?;
+            Ok(t)
+        }
         Source::Xml(file) => hwloc_xml::load(file),
         Source::Synthetic(desc) => synthetic::parse(desc),
         Source::Live => {
             let mut t = sysfs::probe(Path::new("/"), true)?;
-            if let Ok(visible) = std::env::var("CUDA_VISIBLE_DEVICES") {
-                t.restrict_gpus(&visible)?;
-            }
+            job_gpus(&mut t, Path::new("/"), true, nvml)?;
             Ok(t)
         }
     }
+}
+
+/// Narrow the machine's GPUs to those the job may use (topology/gpus.rs).
+fn job_gpus(t: &mut Topology, root: &Path, live: bool, nvml: NvmlUse) -> Result<(), TopologyError> {
+    if t.gpus.is_empty() {
+        return Ok(());
+    }
+    let ev = gpus::gather(root, live, nvml);
+    let (chosen, access) = gpus::decide(&t.gpus, &ev)?;
+    t.gpus = chosen;
+    t.gpu_access = Some(access);
+    Ok(())
 }
 
 /// What the planner may use besides the topology: the allocator libraries on

@@ -73,6 +73,7 @@ pub fn rank_env(
     req: &PlanRequest,
     rank: &RankPlan,
     selected: &[&PciDevice],
+    own: Option<&PciDevice>,
     allocator: Option<&Allocator>,
 ) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
@@ -84,9 +85,26 @@ pub fn rank_env(
     }
     set("TF_NUM_INTEROP_THREADS", "1".into());
     set("CUDA_DEVICE_ORDER", "PCI_BUS_ID".into());
-    if let super::GpuSelect::List(_) = req.gpus {
-        let ids: Vec<String> = selected.iter().map(|g| g.index.to_string()).collect();
-        set("CUDA_VISIBLE_DEVICES", ids.join(","));
+    // In the numbering CUDA uses inside this job: a container or a devices
+    // cgroup that hides GPUs shifts the indices (topology/gpus.rs).
+    if let Some(slice) = own.and_then(|g| g.mig.as_ref()) {
+        // A CUDA process enumerates one MIG device: each rank gets its own.
+        set("CUDA_VISIBLE_DEVICES", slice.clone());
+    } else if let super::GpuSelect::List(_) = req.gpus {
+        let (amd, nvidia): (Vec<&&PciDevice>, Vec<&&PciDevice>) =
+            selected.iter().partition(|g| g.is_amd());
+        let names = |v: &[&&PciDevice]| {
+            v.iter()
+                .map(|g| g.visible_name())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        if !nvidia.is_empty() {
+            set("CUDA_VISIBLE_DEVICES", names(&nvidia));
+        }
+        if !amd.is_empty() {
+            set("HIP_VISIBLE_DEVICES", names(&amd));
+        }
     }
     if req.omp_bind {
         set("OMP_PROC_BIND", "close".into());
@@ -112,6 +130,9 @@ pub fn rank_env(
     set("THREADWISE_NUMA_NODES", nodes.join(","));
     if let Some(gpu) = &rank.gpu {
         set("THREADWISE_GPU", gpu.clone());
+    }
+    if let Some(uuid) = own.and_then(|g| g.mig.as_ref().or(g.uuid.as_ref())) {
+        set("THREADWISE_GPU_UUID", uuid.clone());
     }
     if let Some(a) = allocator {
         set("LD_PRELOAD", a.path.clone());

@@ -106,6 +106,9 @@ pub struct RankPlan {
     pub mem_nodes: Vec<usize>,
     /// PCI bus id of the rank's GPU.
     pub gpu: Option<String>,
+    /// The GPU's UUID, or its MIG slice's (`MIG-...`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_uuid: Option<String>,
     /// The GPU's CUDA ordinal as the rank sees it (cuda:N).
     pub gpu_ordinal: Option<usize>,
     pub threads: usize,
@@ -314,6 +317,22 @@ pub fn plan(topo: &Topology, req: &PlanRequest, facts: &Facts) -> Result<Plan, P
     let selected = select_gpus(topo, req)?;
     let (n, why_n) = rank_count(topo, req, selected.len())?;
     let mut reasons = vec![why_n];
+    if let Some(a) = &topo.gpu_access
+        && a.usable < a.on_bus
+    {
+        reasons.push(format!(
+            "GPUs: this job may use {} of the {} on the PCI bus (threadwise topo shows the evidence); \
+             CUDA_VISIBLE_DEVICES is written in the job's own numbering",
+            a.usable, a.on_bus
+        ));
+    }
+    if selected.iter().any(|g| g.mig.is_some()) {
+        reasons.push(
+            "MIG: each rank's CUDA_VISIBLE_DEVICES names its own slice (a CUDA process \
+             enumerates one MIG device), so every rank uses cuda:0"
+                .into(),
+        );
+    }
     if !kept.is_empty() {
         reasons.push(format!(
             "--reserve {}: CPUs {kept} are kept for the OS, IRQs and the launcher; {}",
@@ -342,7 +361,16 @@ pub fn plan(topo: &Topology, req: &PlanRequest, facts: &Facts) -> Result<Plan, P
         } else {
             place::nodes_of(topo, &slice.cpus)
         };
-        let gpu_ordinal = gpu.and_then(|g| selected.iter().position(|s| s.bus_id == g.bus_id));
+        // A MIG slice is the only device its rank sees: cuda:0.
+        let gpu_ordinal = gpu.and_then(|g| {
+            if g.mig.is_some() {
+                Some(0)
+            } else {
+                selected
+                    .iter()
+                    .position(|s| s.bus_id == g.bus_id && s.mig.is_none())
+            }
+        });
         let mut rank = RankPlan {
             local_rank: i,
             cpus: slice.cpus,
@@ -352,13 +380,14 @@ pub fn plan(topo: &Topology, req: &PlanRequest, facts: &Facts) -> Result<Plan, P
             mem_policy: req.mem,
             mem_nodes,
             gpu: gpu.map(|g| g.bus_id.clone()),
+            gpu_uuid: gpu.and_then(|g| g.mig.clone().or_else(|| g.uuid.clone())),
             gpu_ordinal,
             threads: size.threads,
             workers: size.workers,
             env: BTreeMap::new(),
             reasons: rank_reasons,
         };
-        rank.env = env::rank_env(req, &rank, &selected, allocator.as_ref());
+        rank.env = env::rank_env(req, &rank, &selected, gpu, allocator.as_ref());
         ranks.push(rank);
     }
     match req.omp_wait {

@@ -225,6 +225,7 @@ fn pci_device(n: &Node, t: &mut Topology, online: &CpuSet) -> Result<(), Topolog
         class: format!("0x{:06x}", class << 8),
         numa_node,
         local_cpus,
+        ..Default::default()
     };
     match kind {
         super::PciKind::Gpu => t.gpus.push(dev),

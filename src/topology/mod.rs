@@ -4,6 +4,7 @@
 
 pub mod cgroup;
 pub mod fsread;
+pub mod gpus;
 pub mod hwloc_xml;
 pub mod render;
 pub mod synthetic;
@@ -85,6 +86,10 @@ pub struct Topology {
     pub gpus: Vec<PciDevice>,
     pub nics: Vec<PciDevice>,
     pub limits: Limits,
+    /// How the GPUs this job may use were told from the machine's (live
+    /// machine and dumps; null for XML exports and synthetic machines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_access: Option<gpus::GpuAccess>,
     /// Things the reader had to decide about this machine, in plain words.
     pub notes: Vec<String>,
 }
@@ -155,7 +160,7 @@ impl Distances {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct PciDevice {
     /// Index in PCI bus order among all devices of its kind on the machine (what
     /// CUDA numbers with CUDA_DEVICE_ORDER=PCI_BUS_ID and no CUDA_VISIBLE_DEVICES).
@@ -167,6 +172,32 @@ pub struct PciDevice {
     /// NUMA node, or null when neither sysfs nor its local CPUs say.
     pub numa_node: Option<usize>,
     pub local_cpus: CpuSet,
+    /// The GPU's UUID (`GPU-...`), from the driver or NVML.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// The driver's minor number: the GPU's device node is `/dev/nvidia<minor>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor: Option<u32>,
+    /// A MIG slice of this GPU (`MIG-...`): the job's device is the slice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<String>,
+    /// What CUDA_VISIBLE_DEVICES (HIP_VISIBLE_DEVICES on AMD) names this GPU
+    /// by inside this job: its place among the GPUs the job can open, in PCI
+    /// bus order, or its UUID. Null when nothing narrows the machine's GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub visible_as: Option<String>,
+}
+
+impl PciDevice {
+    /// What a rank's CUDA_VISIBLE_DEVICES names this GPU by.
+    pub fn visible_name(&self) -> String {
+        self.visible_as
+            .clone()
+            .unwrap_or_else(|| self.index.to_string())
+    }
+    pub fn is_amd(&self) -> bool {
+        self.vendor == "0x1002"
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -201,6 +232,7 @@ impl Topology {
             gpus: vec![],
             nics: vec![],
             limits: Limits::default(),
+            gpu_access: None,
             notes: vec![],
         }
     }
@@ -261,76 +293,10 @@ impl Topology {
         self.apply_limits();
     }
 
-    /// Keep only the GPUs `CUDA_VISIBLE_DEVICES` names, in its order, renumbered.
-    /// Indices only: UUIDs (GPU-..., MIG-...) need NVML to map and are refused.
-    pub fn restrict_gpus(&mut self, visible: &str) -> Result<(), TopologyError> {
-        let err = |why: String| TopologyError::VisibleDevices {
-            value: visible.to_string(),
-            why,
-        };
-        let text = visible.trim();
-        let mut keep = Vec::new();
-        if !text.is_empty() {
-            for item in text.split(',') {
-                let item = item.trim();
-                if item.starts_with("GPU-") || item.starts_with("MIG-") {
-                    return Err(err(format!(
-                        "{item} is a UUID; threadwise maps GPUs by index in PCI bus order. \
-                         hint: give indices (CUDA_VISIBLE_DEVICES=0,1) or use --gpus"
-                    )));
-                }
-                let Ok(i) = item.parse::<i64>() else {
-                    return Err(err(format!("{item:?} is not a GPU index")));
-                };
-                // CUDA stops at the first invalid index; so do we.
-                if i < 0 || i as usize >= self.gpus.len() {
-                    break;
-                }
-                if keep.contains(&(i as usize)) {
-                    return Err(err(format!("GPU {i} is listed twice")));
-                }
-                keep.push(i as usize);
-            }
-        }
-        let all = std::mem::take(&mut self.gpus);
-        // `index` stays the physical PCI-order index (what CUDA_VISIBLE_DEVICES
-        // names); a GPU's place in the list is its CUDA ordinal.
-        self.gpus = keep.iter().map(|&old| all[old].clone()).collect();
-        self.notes.push(format!(
-            "CUDA_VISIBLE_DEVICES={visible}: {} of {} GPUs visible",
-            self.gpus.len(),
-            all.len()
-        ));
-        Ok(())
-    }
-
     /// NUMA nodes that have allowed CPUs.
     pub fn cpu_nodes(&self) -> impl Iterator<Item = &NumaNode> {
         self.numa_nodes
             .iter()
             .filter(|n| n.cpus.intersects(&self.allowed_cpus))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn visible_devices_indices_and_uuids() {
-        let mut t = synthetic::parse("package:1 core:4 pu:1 gpu:4").unwrap();
-        t.restrict_gpus("2,0").unwrap();
-        assert_eq!(t.gpus.len(), 2);
-        assert_eq!(t.gpus[0].index, 2);
-        assert_eq!(t.gpus[0].bus_id, "0000:03:00.0");
-        let mut t = synthetic::parse("package:1 core:4 pu:1 gpu:4").unwrap();
-        t.restrict_gpus("1,7,2").unwrap();
-        assert_eq!(t.gpus.len(), 1, "CUDA stops at the first invalid index");
-        let mut t = synthetic::parse("package:1 core:4 pu:1 gpu:4").unwrap();
-        let e = t.restrict_gpus("GPU-1234").unwrap_err().to_string();
-        assert!(e.contains("UUID"), "{e}");
-        let mut t = synthetic::parse("package:1 core:4 pu:1 gpu:4").unwrap();
-        t.restrict_gpus("").unwrap();
-        assert!(t.gpus.is_empty());
     }
 }

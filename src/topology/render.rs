@@ -47,11 +47,11 @@ fn wrap(out: &mut String, indent: &str, items: &[String]) {
     }
 }
 
-fn device_line(kind: &str, d: &PciDevice) -> String {
+fn device_line(kind: &str, d: &PciDevice, t: &Topology) -> String {
     let node = d
         .numa_node
         .map_or("node ?".to_string(), |n| format!("node {n}"));
-    format!(
+    let mut line = format!(
         "{kind} {} {} vendor {} ({node}, local cpus {})",
         d.index,
         d.bus_id,
@@ -61,7 +61,40 @@ fn device_line(kind: &str, d: &PciDevice) -> String {
         } else {
             d.local_cpus.to_string()
         }
-    )
+    );
+    if kind == "gpu" && t.gpu_access.is_some() {
+        // The job's own numbering, beside the machine's.
+        if let Some(k) = t.gpus.iter().position(|g| g == d) {
+            line += &format!(" job cuda:{k}");
+        }
+        if let Some(v) = &d.visible_as {
+            line += &format!(" visible as {v}");
+        }
+    }
+    if let Some(m) = d.minor {
+        line += &format!(" /dev/nvidia{m}");
+    }
+    if let Some(u) = d.mig.as_ref().or(d.uuid.as_ref()) {
+        line += &format!(" {u}");
+    }
+    line
+}
+
+/// Which GPUs this job has, and the evidence.
+fn render_gpu_access(out: &mut String, t: &Topology) {
+    let Some(a) = &t.gpu_access else { return };
+    let _ = writeln!(
+        out,
+        "gpus: {} of {} on the PCI bus usable by this job",
+        a.usable, a.on_bus
+    );
+    for e in &a.evidence {
+        let _ = writeln!(out, "  {e}");
+    }
+    for h in &a.hidden {
+        let node = h.numa_node.map_or("node ?".into(), |n| format!("node {n}"));
+        let _ = writeln!(out, "  hidden {} ({node}): {}", h.bus_id, h.why);
+    }
 }
 
 /// One NUMA node: its L3 groups with their cores, other cores, local devices.
@@ -101,7 +134,7 @@ fn render_node(out: &mut String, t: &Topology, node: &super::NumaNode) {
     }
     for (kind, list) in [("gpu", &t.gpus), ("nic", &t.nics)] {
         for d in list.iter().filter(|d| d.numa_node == Some(node.id)) {
-            let _ = writeln!(out, "  {}", device_line(kind, d));
+            let _ = writeln!(out, "  {}", device_line(kind, d, t));
         }
     }
 }
@@ -161,7 +194,7 @@ pub fn render(t: &Topology) -> String {
     }
     for (kind, list) in [("gpu", &t.gpus), ("nic", &t.nics)] {
         for d in list.iter().filter(|d| d.numa_node.is_none()) {
-            let _ = writeln!(out, "{}", device_line(kind, d));
+            let _ = writeln!(out, "{}", device_line(kind, d, t));
         }
     }
     if let Some(d) = &t.numa_distances {
@@ -173,6 +206,7 @@ pub fn render(t: &Topology) -> String {
             let _ = writeln!(out, "  {id:>4}{}", cells.join(""));
         }
     }
+    render_gpu_access(&mut out, t);
     render_limits(&mut out, t);
     out
 }

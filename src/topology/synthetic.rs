@@ -249,6 +249,7 @@ fn device(t: &Topology, bus: usize, node: usize, vendor: &str, class: &str) -> P
         class: class.into(),
         numa_node: Some(node),
         local_cpus: t.numa_nodes[node].cpus.clone(),
+        ..Default::default()
     }
 }
 

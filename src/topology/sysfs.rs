@@ -426,6 +426,7 @@ fn pci(r: &Root, t: &mut Topology) {
             class: format!("0x{class:06x}"),
             numa_node,
             local_cpus,
+            ..Default::default()
         };
         match kind {
             super::PciKind::Gpu => t.gpus.push(dev),

@@ -87,6 +87,10 @@ pub struct TrialOutcome {
     pub stderr_tail: Vec<String>,
     pub gpu_util_pct: Option<f64>,
     pub gpu_mem_mib: Option<f64>,
+    /// Memory the job's own processes held on its GPUs (NVML's process list).
+    pub gpu_job_mem_mib: Option<f64>,
+    /// Other processes seen on the job's GPUs during the trial.
+    pub gpu_others: Vec<String>,
     /// CPU time the machine spent outside the job during the trial (all CPUs'
     /// busy time less the job's own), and time stolen by the hypervisor;
     /// None where /proc/stat could not be read.
@@ -166,6 +170,8 @@ pub enum Warning {
     WallMetric,
     /// The machine's own speed moved this much during the tune.
     Drift { ratio: f64 },
+    /// Processes outside the job used its GPUs during these trials.
+    GpuShared { trials: usize, others: Vec<String> },
 }
 
 impl std::fmt::Display for Warning {
@@ -182,6 +188,19 @@ impl std::fmt::Display for Warning {
                 f,
                 "the machine's speed moved {ratio:.2}x during this tune; speed-ups are paired per round"
             ),
+            Warning::GpuShared { trials, others } => {
+                let shown: Vec<&str> = others.iter().take(4).map(String::as_str).collect();
+                write!(
+                    f,
+                    "another process used the job's GPUs during {trials} trial(s): {}{}; GPU % and memory include its load",
+                    shown.join(", "),
+                    if others.len() > 4 {
+                        format!(" and {} more", others.len() - 4)
+                    } else {
+                        String::new()
+                    }
+                )
+            }
         }
     }
 }
@@ -228,6 +247,12 @@ pub struct Trial {
     pub peak_rss_mib: f64,
     pub gpu_util_pct: Option<f64>,
     pub gpu_mem_mib: Option<f64>,
+    /// Memory the job's own processes held on its GPUs.
+    #[serde(default)]
+    pub gpu_job_mem_mib: Option<f64>,
+    /// Other processes seen on the job's GPUs during this trial.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_others: Vec<String>,
     pub message: Option<String>,
     pub stderr_tail: Vec<String>,
     /// The line the throughput was read from (rank, text, unit).
@@ -294,8 +319,12 @@ pub struct ConfigResult {
     pub voluntary_cs_per_s: Option<f64>,
     pub involuntary_cs_per_s: Option<f64>,
     pub peak_rss_mib: Option<f64>,
+    /// Utilisation of the job's GPUs (median of trials); memory in use on
+    /// them, every process's (peak); memory the job's own processes held (peak).
     pub gpu_util_pct: Option<f64>,
     pub gpu_mem_mib: Option<f64>,
+    #[serde(default)]
+    pub gpu_job_mem_mib: Option<f64>,
     /// Its paired interval against the winner holds 1.00: the data cannot
     /// tell them apart.
     pub indistinguishable_from_winner: bool,
@@ -428,6 +457,7 @@ impl ConfigResult {
             peak_rss_mib: None,
             gpu_util_pct: None,
             gpu_mem_mib: None,
+            gpu_job_mem_mib: None,
             indistinguishable_from_winner: false,
             dropped_after_round: None,
             same_launch: vec![],

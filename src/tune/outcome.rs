@@ -84,6 +84,8 @@ pub(super) fn trial(
         peak_rss_mib: o.peak_rss_kib as f64 / 1024.0,
         gpu_util_pct: o.gpu_util_pct,
         gpu_mem_mib: o.gpu_mem_mib,
+        gpu_job_mem_mib: o.gpu_job_mem_mib,
+        gpu_others: o.gpu_others.clone(),
         message,
         stderr_tail: if ok { vec![] } else { o.stderr_tail.clone() },
         outlier: false,
@@ -145,6 +147,11 @@ pub fn finish(report: &mut TuneReport) {
             .trials
             .iter()
             .filter_map(|t| t.gpu_mem_mib)
+            .reduce(f64::max);
+        c.gpu_job_mem_mib = c
+            .trials
+            .iter()
+            .filter_map(|t| t.gpu_job_mem_mib)
             .reduce(f64::max);
     }
     compare(report);
@@ -246,6 +253,24 @@ fn compare(report: &mut TuneReport) {
         .retain(|w| !matches!(w, Warning::Drift { .. }));
     if let Some(d) = report.drift {
         report.warnings.push(Warning::Drift { ratio: d.ratio });
+    }
+    report
+        .warnings
+        .retain(|w| !matches!(w, Warning::GpuShared { .. }));
+    let shared: Vec<&Trial> = report
+        .configs
+        .iter()
+        .flat_map(|c| &c.trials)
+        .filter(|t| !t.gpu_others.is_empty())
+        .collect();
+    if !shared.is_empty() {
+        let mut others: Vec<String> = shared.iter().flat_map(|t| t.gpu_others.clone()).collect();
+        others.sort();
+        others.dedup();
+        report.warnings.push(Warning::GpuShared {
+            trials: shared.len(),
+            others,
+        });
     }
 }
 

@@ -32,7 +32,11 @@ pub(crate) fn metric_cells(c: &ConfigResult, mem_unit: &str) -> [String; 5] {
         speedup,
         opt(c.cpu_util_pct, |v| format!("{v:.0}")),
         opt(c.gpu_util_pct, |v| format!("{v:.0}")),
-        opt(c.gpu_mem_mib, |v| format!("{v:.0}{mem_unit}")),
+        match (c.gpu_job_mem_mib, c.gpu_mem_mib) {
+            // The ranks' own memory beside all that is in use on their GPUs.
+            (Some(own), Some(all)) => format!("{own:.0}/{all:.0}{mem_unit}"),
+            (_, all) => opt(all, |v| format!("{v:.0}{mem_unit}")),
+        },
         match (c.voluntary_cs_per_s, c.involuntary_cs_per_s) {
             (Some(a), Some(b)) => format!("{a:.0}/{b:.0}"),
             _ => "n/a".into(),
@@ -202,7 +206,7 @@ pub fn render(r: &TuneReport) -> String {
         "speed-up",
         "CPU %",
         "GPU %",
-        "GPU mem",
+        "GPU mem own/all",
         "ctx sw/s vol/invol",
         "RSS MiB",
         "",

@@ -10,9 +10,9 @@ use std::time::Duration;
 use super::metric::{Hit, Metric};
 use super::{LaunchKey, TrialEnd, TrialOutcome, TuneConfig};
 use crate::launch::output::{LineSink, OutputOptions};
-use crate::launch::supervise::{self, RunOptions};
+use crate::launch::supervise::{self, RunOptions, Spawned};
 use crate::launch::{RankLaunch, check_placements, node_launches, plan_launches};
-use crate::measure::gpu::GpuSampler;
+use crate::measure::gpu::{GpuSampler, JobPids};
 use crate::measure::proc::{ProcReader, ticks_per_second};
 use crate::plan::{Facts, Plan, plan};
 use crate::topology::Topology;
@@ -98,6 +98,19 @@ impl super::TrialRunner for Runner {
                 }
             }
         });
+        // The GPUs the configuration's ranks use, and their pids once started.
+        let mut gpus: Vec<String> = self
+            .plan_of(c)
+            .map(|p| p.ranks.iter().filter_map(|r| r.gpu.clone()).collect())
+            .unwrap_or_default();
+        gpus.dedup();
+        let job: JobPids = Arc::default();
+        let j = job.clone();
+        let on_spawned = Spawned(Arc::new(move |pids: &[(usize, i32)]| {
+            if let Ok(mut v) = j.lock() {
+                *v = pids.iter().map(|(_, p)| *p).collect();
+            }
+        }));
         let opts = RunOptions {
             grace: self.grace,
             timeout: Some(self.timeout),
@@ -107,11 +120,11 @@ impl super::TrialRunner for Runner {
                 sink: Some(sink),
             },
             log_dir: None,
-            on_spawned: None,
+            on_spawned: Some(on_spawned),
             move_workers: true,
         };
         if let Some(g) = &mut self.gpu {
-            g.start();
+            g.start(gpus, job);
         }
         let mut proc = ProcReader::new("/");
         let before = proc.system();
@@ -171,8 +184,10 @@ impl super::TrialRunner for Runner {
             } else {
                 tail
             },
-            gpu_util_pct: gpu.and_then(|g| g.util_pct),
-            gpu_mem_mib: gpu.and_then(|g| g.mem_mib),
+            gpu_util_pct: gpu.as_ref().and_then(|g| g.util_pct),
+            gpu_mem_mib: gpu.as_ref().and_then(|g| g.mem_mib),
+            gpu_job_mem_mib: gpu.as_ref().and_then(|g| g.job_mem_mib),
+            gpu_others: gpu.map(|g| g.others).unwrap_or_default(),
             outside_cpu: outside,
             steal,
         }

@@ -9,7 +9,7 @@ fn opt(v: Option<f64>) -> String {
     v.map_or_else(String::new, |x| format!("{x:.4}"))
 }
 
-const HEADER: [&str; 28] = [
+const HEADER: [&str; 29] = [
     "config",
     "options",
     "round",
@@ -38,6 +38,7 @@ const HEADER: [&str; 28] = [
     "steal_s",
     "disturbance",
     "disturbed",
+    "gpu_job_mem_mib",
 ];
 
 impl Exporter<TuneReport> for Csv {
@@ -78,6 +79,7 @@ impl Exporter<TuneReport> for Csv {
                     opt(t.steal_s),
                     opt(t.disturbance),
                     t.disturbed.to_string(),
+                    opt(t.gpu_job_mem_mib),
                 ])?;
             }
         }

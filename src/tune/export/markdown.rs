@@ -15,7 +15,7 @@ fn cell(s: &str) -> String {
 impl Exporter<TuneReport> for Markdown {
     fn render(&self, r: &TuneReport, _: &()) -> Result<String, ExportError> {
         let mut out = format!(
-            "| configuration | throughput ({}) median | min-max | speed-up | CPU % | GPU % | GPU mem MiB | ctx sw/s vol/invol | |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n",
+            "| configuration | throughput ({}) median | min-max | speed-up | CPU % | GPU % | GPU mem MiB own/all | ctx sw/s vol/invol | |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n",
             cell(&r.unit)
         );
         for c in &r.configs {

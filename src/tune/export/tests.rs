@@ -14,6 +14,8 @@ fn trial(round: usize, v: f64) -> Trial {
         peak_rss_mib: 40.0,
         gpu_util_pct: None,
         gpu_mem_mib: None,
+        gpu_job_mem_mib: None,
+        gpu_others: vec![],
         message: None,
         stderr_tail: vec![],
         hit: None,
