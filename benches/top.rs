@@ -48,6 +48,7 @@ fn main() {
             cpus: threadwise::cpuset::CpuSet::parse_list("0-1").unwrap(),
             worker_cpus: Default::default(),
             mem_nodes: vec![0],
+            gpu: None,
         })
         .collect();
     let mut s = Sampler::new(targets);

@@ -51,6 +51,7 @@ fn find_targets(a: &TopCmd) -> Result<Vec<Target>, Failure> {
                 cpus: Default::default(),
                 worker_cpus: Default::default(),
                 mem_nodes: vec![],
+                gpu: None,
             });
             if t.cpus.is_empty() {
                 t.cpus = crate::measure::process::affinity(*pid);

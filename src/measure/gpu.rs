@@ -24,8 +24,9 @@ pub struct GpuNow {
 
 const MIB: f64 = (1u64 << 20) as f64;
 
-/// Read the GPUs with these bus ids (sysfs spelling) that NVML lists.
-pub fn read(nvml: &Nvml, bus_ids: &[String]) -> Vec<GpuNow> {
+/// Read the GPUs with these bus ids (sysfs spelling) that NVML lists, or
+/// every GPU it lists.
+pub fn read(nvml: &Nvml, bus_ids: Option<&[String]>) -> Vec<GpuNow> {
     let mut out = Vec::new();
     let count = nvml.device_count().unwrap_or(0);
     for i in 0..count {
@@ -34,7 +35,7 @@ pub fn read(nvml: &Nvml, bus_ids: &[String]) -> Vec<GpuNow> {
         };
         let Ok(pci) = d.pci_info() else { continue };
         let bus_id = crate::nvml::sysfs_bus_id(&pci.bus_id);
-        if !bus_ids.contains(&bus_id) {
+        if bus_ids.is_some_and(|b| !b.contains(&bus_id)) {
             continue;
         }
         out.push(GpuNow {
@@ -173,7 +174,7 @@ impl GpuSampler {
         self.thread = Some(std::thread::spawn(move || {
             let mut acc = Acc::default();
             while !stop.load(Ordering::Relaxed) {
-                let now = read(&nvml, &gpus);
+                let now = read(&nvml, Some(&gpus));
                 let pids = job.lock().map(|p| p.clone()).unwrap_or_default();
                 acc.add(&now, &pids);
                 std::thread::sleep(Duration::from_millis(100));

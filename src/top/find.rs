@@ -119,6 +119,7 @@ pub fn target_from_env(pid: i32, env: &BTreeMap<String, String>) -> Option<Targe
             .get("THREADWISE_NUMA_NODES")
             .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
             .unwrap_or_default(),
+        gpu: env.get("THREADWISE_GPU").cloned(),
     })
 }
 

@@ -34,6 +34,9 @@ pub struct Target {
     /// NUMA nodes its memory should be on (empty: unknown).
     #[serde(default)]
     pub mem_nodes: Vec<usize>,
+    /// The PCI bus id of the GPU its plan named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
 }
 
 /// One rank's process tree at one moment.
@@ -118,6 +121,8 @@ crate::named_enum! {
         RemoteMemory => "remote-memory",
         /// The rank is gone.
         Exited => "exited",
+        /// The rank runs on a GPU its plan did not name.
+        GpuDrift => "gpu-drift",
     }
 }
 
@@ -158,6 +163,74 @@ pub struct RankView {
     /// Share of its pages on its memory nodes, when numa_maps was read.
     pub local_pages_pct: Option<f64>,
     pub workers: Vec<WorkerView>,
+    /// Its GPU as NVML sees it (null without NVML or a GPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuView>,
+}
+
+/// A rank's GPU: the planned GPU's utilisation, the memory the rank's
+/// processes hold, and every GPU they were seen on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuView {
+    /// The GPU its plan named.
+    pub planned: Option<String>,
+    /// That GPU's utilisation (every process's).
+    pub util_pct: Option<f64>,
+    /// Memory the rank's own processes hold, over all GPUs.
+    pub mem_mib: f64,
+    /// The GPUs its processes hold memory on (NVML's process lists).
+    pub on: Vec<String>,
+}
+
+/// Each rank's GPU from one NVML reading of every GPU; a drift alert when a
+/// rank's processes are on a GPU its plan did not name.
+pub fn gpu_views(
+    targets: &[Target],
+    now: &[crate::measure::gpu::GpuNow],
+    ranks: &mut [RankView],
+    alerts: &mut Vec<Alert>,
+) {
+    for (t, r) in targets.iter().zip(ranks.iter_mut()) {
+        let (mut mem, mut on) = (0.0, Vec::<String>::new());
+        for g in now {
+            for &(pid, mib) in &g.processes {
+                if crate::measure::gpu::owner(pid, &[t.pid]).is_some() {
+                    mem += mib;
+                    if !on.contains(&g.bus_id) {
+                        on.push(g.bus_id.clone());
+                    }
+                }
+            }
+        }
+        let util = t
+            .gpu
+            .as_ref()
+            .and_then(|b| now.iter().find(|g| &g.bus_id == b))
+            .and_then(|g| g.util_pct);
+        if t.gpu.is_none() && on.is_empty() {
+            continue;
+        }
+        let strays: Vec<&String> = on.iter().filter(|b| Some(*b) != t.gpu.as_ref()).collect();
+        if let Some(planned) = &t.gpu
+            && !strays.is_empty()
+        {
+            alerts.push(Alert {
+                local_rank: t.local_rank,
+                kind: AlertKind::GpuDrift,
+                reason: format!(
+                    "rank {} runs on GPU {} but its plan named {planned}: check CUDA_VISIBLE_DEVICES and cuda:LOCAL_RANK in the script",
+                    t.local_rank,
+                    strays.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                ),
+            });
+        }
+        r.gpu = Some(GpuView {
+            planned: t.gpu.clone(),
+            util_pct: util,
+            mem_mib: mem,
+            on,
+        });
+    }
 }
 
 /// What `top` shows for one interval (`--json`: one of these per line).
@@ -249,6 +322,7 @@ pub fn view(targets: &[Target], prev: &Snapshot, cur: &Snapshot, hz: f64) -> Vie
                 rss_mib: 0.0,
                 local_pages_pct: None,
                 workers: vec![],
+                gpu: None,
             });
             continue;
         };
@@ -354,6 +428,7 @@ pub fn view(targets: &[Target], prev: &Snapshot, cur: &Snapshot, hz: f64) -> Vie
             rss_mib: main.rss_kib as f64 / 1024.0,
             local_pages_pct,
             workers,
+            gpu: None,
         });
     }
     let cpu_busy_pct = cur
@@ -405,6 +480,8 @@ pub struct Sampler {
     /// The last switch rates per rank, and preemption alerts, shown between readings.
     last_cs: Vec<(f64, f64)>,
     last_preempted: Vec<Alert>,
+    /// NVML when it loads (GPU columns), else none.
+    nvml: Option<nvml_wrapper::Nvml>,
 }
 
 impl Sampler {
@@ -420,6 +497,7 @@ impl Sampler {
             n: 0,
             last_cs: vec![],
             last_preempted: vec![],
+            nvml: crate::nvml::open().ok(),
         }
     }
 
@@ -470,6 +548,10 @@ impl Sampler {
             }
             v.alerts.retain(|a| a.kind != AlertKind::Preempted);
             v.alerts.extend(self.last_preempted.iter().cloned());
+        }
+        if let Some(n) = &self.nvml {
+            let now = crate::measure::gpu::read(n, None);
+            gpu_views(&self.targets, &now, &mut v.ranks, &mut v.alerts);
         }
         self.prev = cur;
         v

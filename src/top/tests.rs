@@ -35,6 +35,7 @@ fn target(cpus: &str) -> Target {
         cpus: CpuSet::parse_list(cpus).unwrap(),
         worker_cpus: CpuSet::parse_list("2-3").unwrap(),
         mem_nodes: vec![0],
+        gpu: None,
     }
 }
 

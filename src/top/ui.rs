@@ -81,6 +81,7 @@ pub fn draw(f: &mut Frame, topo: &Topology, targets: &[Target], v: &View) {
         "ran on",
         "RSS MiB",
         "local%",
+        "gpu% mem",
         "workers (cpus)",
     ])
     .style(Style::default().add_modifier(Modifier::BOLD));
@@ -110,6 +111,13 @@ pub fn draw(f: &mut Frame, topo: &Topology, targets: &[Target], v: &View) {
                 r.ran_on.to_string(),
                 format!("{:.0}", r.rss_mib),
                 r.local_pages_pct.map_or("-".into(), |p| format!("{p:.0}")),
+                r.gpu.as_ref().map_or("-".into(), |g| {
+                    format!(
+                        "{} {:.0}M",
+                        g.util_pct.map_or("?".into(), |u| format!("{u:.0}")),
+                        g.mem_mib
+                    )
+                }),
                 workers,
             ])
             .style(if off {
@@ -130,6 +138,7 @@ pub fn draw(f: &mut Frame, topo: &Topology, targets: &[Target], v: &View) {
         Constraint::Length(10),
         Constraint::Length(8),
         Constraint::Length(6),
+        Constraint::Length(10),
         Constraint::Min(10),
     ];
     f.render_widget(

@@ -32,6 +32,7 @@ pub fn targets(p: &Plan, pids: &[(usize, i32)], allowed: &crate::cpuset::CpuSet)
                     Default::default()
                 },
                 mem_nodes: r.mem_nodes.clone(),
+                gpu: r.gpu.clone(),
             })
         })
         .collect()

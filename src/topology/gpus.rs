@@ -738,3 +738,215 @@ fn join(v: &[u32]) -> String {
         v.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bus(n: usize, amd: bool) -> Vec<PciDevice> {
+        (0..n)
+            .map(|i| PciDevice {
+                index: i,
+                bus_id: format!("0000:{:02x}:00.0", i + 1),
+                vendor: if amd { "0x1002" } else { "0x10de" }.into(),
+                numa_node: Some(i / 2),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    /// A driver table for `n` GPUs (minor i, UUID GPU-i...), nodes for `open`.
+    fn ev(n: usize, open: &[u32], denied: &[u32], env: &[(&str, &str)]) -> GpuEvidence {
+        GpuEvidence {
+            nvidia_driver: Some(
+                (0..n)
+                    .map(|i| {
+                        (
+                            format!("0000:{:02x}:00.0", i + 1),
+                            DriverGpu {
+                                minor: Some(i as u32),
+                                uuid: Some(format!("GPU-{i}aaa-{i}")),
+                                model: None,
+                            },
+                        )
+                    })
+                    .collect(),
+            ),
+            dev_seen: true,
+            nvidia_nodes: open
+                .iter()
+                .map(|m| (*m, NodeState::Present))
+                .chain(
+                    denied
+                        .iter()
+                        .map(|m| (*m, NodeState::Denied("EPERM".into()))),
+                )
+                .collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            env_from: "test".into(),
+            ..Default::default()
+        }
+    }
+
+    fn ids(v: &[PciDevice]) -> Vec<usize> {
+        v.iter().map(|g| g.index).collect()
+    }
+
+    #[test]
+    fn device_nodes_then_cuda_visible_devices_in_the_jobs_numbering() {
+        let b = bus(8, false);
+        let (g, a) = decide(&b, &ev(8, &[3, 5], &[0, 1, 2, 4, 6, 7], &[])).unwrap();
+        assert_eq!(ids(&g), vec![3, 5]);
+        assert_eq!(a.hidden.len(), 6);
+        assert!(a.hidden[0].why.contains("devices cgroup"), "{:?}", a.hidden);
+        assert_eq!(g[1].visible_as.as_deref(), Some("1"));
+        // Indices count among the openable GPUs: 1 is GPU 5.
+        let (g, _) = decide(&b, &ev(8, &[3, 5], &[], &[("CUDA_VISIBLE_DEVICES", "1")])).unwrap();
+        assert_eq!(ids(&g), vec![5]);
+        // CUDA stops at the first index it cannot use, and at junk.
+        let (g, _) = decide(
+            &b,
+            &ev(8, &[3, 5], &[], &[("CUDA_VISIBLE_DEVICES", "1,2,0")]),
+        )
+        .unwrap();
+        assert_eq!(ids(&g), vec![5]);
+        let (g, _) = decide(
+            &b,
+            &ev(8, &[3, 5], &[], &[("CUDA_VISIBLE_DEVICES", "0,x,1")]),
+        )
+        .unwrap();
+        assert_eq!(ids(&g), vec![3]);
+        assert!(decide(&b, &ev(8, &[3, 5], &[], &[("CUDA_VISIBLE_DEVICES", "0,0")])).is_err());
+        // The whole machine, nothing narrowed: no re-indexing to write.
+        let all: Vec<u32> = (0..8).collect();
+        let (g, a) = decide(&b, &ev(8, &all, &[], &[])).unwrap();
+        assert_eq!((g.len(), a.hidden.len()), (8, 0));
+        assert!(g.iter().all(|x| x.visible_as.is_none()));
+        // Empty: no GPU, as CUDA.
+        let (g, _) = decide(&b, &ev(8, &all, &[], &[("CUDA_VISIBLE_DEVICES", "")])).unwrap();
+        assert!(g.is_empty());
+    }
+
+    #[test]
+    fn uuids_by_prefix_in_their_order_and_unknown_ones() {
+        let b = bus(4, false);
+        let e = ev(
+            4,
+            &[0, 1, 2, 3],
+            &[],
+            &[("CUDA_VISIBLE_DEVICES", "GPU-2aaa,GPU-0")],
+        );
+        let (g, _) = decide(&b, &e).unwrap();
+        assert_eq!(ids(&g), vec![2, 0]);
+        assert_eq!(g[0].visible_as.as_deref(), Some("GPU-2aaa-2"));
+        // A UUID no GPU has: CUDA stops there.
+        let e = ev(
+            4,
+            &[0, 1, 2, 3],
+            &[],
+            &[("CUDA_VISIBLE_DEVICES", "GPU-1,GPU-9")],
+        );
+        assert_eq!(ids(&decide(&b, &e).unwrap().0), vec![1]);
+        // Nothing to resolve UUIDs with: an error naming the variable.
+        let mut e = ev(4, &[0, 1, 2, 3], &[], &[("CUDA_VISIBLE_DEVICES", "GPU-1")]);
+        e.nvidia_driver = None;
+        let err = decide(&b, &e).unwrap_err().to_string();
+        assert!(
+            err.contains("CUDA_VISIBLE_DEVICES") && err.contains("UUID"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn nvml_narrows_and_names_mig_slices() {
+        let b = bus(2, false);
+        let mut e = ev(2, &[0, 1], &[], &[]);
+        e.nvml = Some(Ok(vec![NvmlGpu {
+            bus_id: "0000:02:00.0".into(),
+            uuid: Some("GPU-x".into()),
+            minor: Some(1),
+            name: None,
+            persistence: None,
+            mig: vec!["MIG-a".into(), "MIG-b".into()],
+        }]));
+        let (g, a) = decide(&b, &e).unwrap();
+        assert_eq!(a.hidden[0].why, "NVML does not list it");
+        let slices: Vec<_> = g.iter().map(|x| x.mig.clone().unwrap()).collect();
+        assert_eq!(slices, vec!["MIG-a", "MIG-b"]);
+        e.env.insert("CUDA_VISIBLE_DEVICES".into(), "MIG-b".into());
+        let (g, _) = decide(&b, &e).unwrap();
+        assert_eq!(g.len(), 1);
+        assert_eq!(g[0].visible_as.as_deref(), Some("MIG-b"));
+    }
+
+    #[test]
+    fn slurm_and_container_variables_are_only_compared() {
+        let b = bus(8, false);
+        let e = ev(
+            8,
+            &[4, 5],
+            &[],
+            &[("SLURM_STEP_GPUS", "4,5"), ("CUDA_VISIBLE_DEVICES", "0,1")],
+        );
+        let (g, a) = decide(&b, &e).unwrap();
+        assert_eq!(ids(&g), vec![4, 5]);
+        assert!(
+            a.evidence.iter().any(|l| l.contains("agrees")),
+            "{:?}",
+            a.evidence
+        );
+        // Slurm says 0,1 but the nodes say 4,5: the nodes win, the line says so.
+        let e = ev(
+            8,
+            &[4, 5],
+            &[],
+            &[("SLURM_JOB_GPUS", "0,1"), ("NVIDIA_VISIBLE_DEVICES", "2")],
+        );
+        let (g, a) = decide(&b, &e).unwrap();
+        assert_eq!(ids(&g), vec![4, 5]);
+        assert_eq!(
+            a.evidence
+                .iter()
+                .filter(|l| l.contains("not acted on"))
+                .count(),
+            2,
+            "{:?}",
+            a.evidence
+        );
+    }
+
+    #[test]
+    fn amd_rocr_then_hip() {
+        let b = bus(6, true);
+        let mut e = GpuEvidence {
+            amd_nodes: Some(
+                b.iter()
+                    .filter(|g| g.index != 5)
+                    .map(|g| (g.bus_id.clone(), NodeState::Present))
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        let (g, a) = decide(&b, &e).unwrap();
+        assert_eq!((g.len(), a.hidden.len()), (5, 1));
+        e.env.insert("ROCR_VISIBLE_DEVICES".into(), "1,3,4".into());
+        e.env.insert("HIP_VISIBLE_DEVICES".into(), "2".into());
+        let (g, _) = decide(&b, &e).unwrap();
+        assert_eq!(ids(&g), vec![4]);
+        // Inside ROCR's three, it is the third: HIP calls it 2.
+        assert_eq!(g[0].visible_as.as_deref(), Some("2"));
+    }
+
+    #[test]
+    fn information_file_fields() {
+        let d = parse_information(
+            "Model: \t\t Tesla V100\nGPU UUID: \t GPU-12ab\nBus Location: \t 0000:06:00.0\nDevice Minor: \t 3\n",
+        );
+        assert_eq!(d.minor, Some(3));
+        assert_eq!(d.uuid.as_deref(), Some("GPU-12ab"));
+        assert_eq!(d.model.as_deref(), Some("Tesla V100"));
+    }
+}

@@ -4,6 +4,7 @@
 mod cgroups;
 mod cli;
 mod doctor;
+mod gpus;
 mod hardening;
 mod plans;
 mod run;

@@ -277,7 +277,8 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(void *h, nvmlUtilization_t *u) {
  * tells a rank its GPU), or, without it, LOCAL_RANK=<this GPU's NVML index>
  * (a script's cuda:LOCAL_RANK), counted once per process tree (the topmost
  * such process: a rank's shell, not its children), each holding
- * job_process_memory_mib; then the listed "processes". */
+ * job_process_memory_mib; then the listed "processes". Only processes whose
+ * THREADWISE_NVML_STANDIN names the same description count. */
 typedef struct { unsigned pid; unsigned long long usedGpuMemory; unsigned gpuInstanceId, computeInstanceId; } nvmlProcessInfo_t;
 static int env_get(int pid, const char *key, char *val, size_t cap) {
   char path[64];
@@ -297,7 +298,11 @@ static int env_get(int pid, const char *key, char *val, size_t cap) {
   return 0;
 }
 static int uses(int pid, Dev *d) {
-  char v[128], want[32];
+  char v[4096], want[32];
+  /* Only processes of the same stand-in machine (the same description):
+   * tests running side by side each see their own job. */
+  const char *spec = getenv("THREADWISE_NVML_STANDIN");
+  if (!spec || !env_get(pid, "THREADWISE_NVML_STANDIN", v, sizeof v) || strcmp(v, spec)) return 0;
   if (env_get(pid, "THREADWISE_GPU", v, sizeof v)) return !strcmp(v, str(d->j, "bus_id", ""));
   snprintf(want, sizeof want, "%d", (int)(d - GPUS));
   return env_get(pid, "LOCAL_RANK", v, sizeof v) && !strcmp(v, want);
