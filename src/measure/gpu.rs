@@ -190,10 +190,6 @@ impl GpuSampler {
             .and_then(|t| t.join().ok())
             .unwrap_or_default()
     }
-
-    pub fn nvml(&self) -> &Nvml {
-        &self.nvml
-    }
 }
 
 #[cfg(test)]

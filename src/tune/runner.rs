@@ -103,6 +103,7 @@ impl super::TrialRunner for Runner {
             .plan_of(c)
             .map(|p| p.ranks.iter().filter_map(|r| r.gpu.clone()).collect())
             .unwrap_or_default();
+        gpus.sort();
         gpus.dedup();
         let job: JobPids = Arc::default();
         let j = job.clone();

@@ -54,6 +54,11 @@ fn dump(dir: &Path, scenario: &str) -> PathBuf {
 fn threadwise(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(bin());
     c.args(args);
+    with_env(c, env)
+}
+
+/// `c` run without this test process's GPU variables, then with `env`.
+fn with_env(mut c: Command, env: &[(&str, &str)]) -> Output {
     for k in [
         "CUDA_VISIBLE_DEVICES",
         "THREADWISE_NVML_LIBRARY",
@@ -247,15 +252,7 @@ fn live(scenario: &str, script: &str, env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(support("gpu-machine.sh"));
     c.args(["live", scenario, "--", "bash", "-c", script]);
     c.env("TW", bin());
-    for k in [
-        "CUDA_VISIBLE_DEVICES",
-        "THREADWISE_NVML_LIBRARY",
-        "THREADWISE_NVML_STANDIN",
-    ] {
-        c.env_remove(k);
-    }
-    c.envs(env.iter().copied());
-    c.output().unwrap()
+    with_env(c, env)
 }
 
 fn leftovers() -> Vec<String> {
