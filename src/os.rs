@@ -213,3 +213,15 @@ mod placement_tests {
         assert_eq!(signal_name(63), "signal 63");
     }
 }
+
+/// This machine's host name (its UTS namespace's), or "localhost".
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is valid for its length; gethostname NUL-terminates or fails.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(0);
+    match std::str::from_utf8(&buf[..end]) {
+        Ok(s) if ok && !s.is_empty() => s.to_string(),
+        _ => "localhost".to_string(),
+    }
+}

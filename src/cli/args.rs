@@ -221,6 +221,9 @@ fn secs(s: &str, min: f64, max: f64) -> Result<Duration, String> {
 fn parse_grace(s: &str) -> Result<Duration, String> {
     secs(s, 0.0, 3600.0)
 }
+fn parse_wait(s: &str) -> Result<Duration, String> {
+    secs(s, 1.0, 86400.0)
+}
 fn parse_timeout(s: &str) -> Result<Duration, String> {
     secs(s, 0.001, 7.0 * 86400.0)
 }
@@ -290,24 +293,30 @@ pub struct RunCmd {
     /// No per-rank summary at the end
     #[arg(long, short = 'q')]
     pub quiet: bool,
-    /// This node's rank in a multi-node job (passed to torchrun)
+    /// This node's rank in a multi-node job (default: given at the rendezvous,
+    /// the endpoint's own node first)
     #[arg(long, alias = "node_rank")]
     pub node_rank: Option<u32>,
-    /// Rendezvous endpoint HOST:PORT (multi-node: the job goes to torchrun's agent)
+    /// Rendezvous endpoint HOST:PORT, the same on every node; the node that
+    /// owns the address hosts it (multi-node)
     #[arg(long, alias = "rdzv_endpoint", value_name = "HOST:PORT")]
     pub rdzv_endpoint: Option<String>,
-    /// Rendezvous id shared by every node of the job
+    /// Rendezvous id shared by every node of the job (default: SLURM_JOB_ID, else "none")
     #[arg(long, alias = "rdzv_id")]
     pub rdzv_id: Option<String>,
-    /// Rendezvous backend
-    #[arg(long, alias = "rdzv_backend", default_value = "c10d")]
+    /// Rendezvous backend: c10d or static (torchrun's names; threadwise's
+    /// agents serve both, and stay the supervisor on every node)
+    #[arg(long, alias = "rdzv_backend", default_value = "c10d", value_parser = ["c10d", "static"])]
     pub rdzv_backend: String,
-    /// Restarts torchrun's agent may make (multi-node)
+    /// How long the rendezvous waits for every node to join
+    #[arg(long, default_value = "600", value_name = "SECS", value_parser = parse_wait)]
+    pub rdzv_timeout: Duration,
+    /// A node (or the rendezvous host) silent this long is lost, and the job ends
+    #[arg(long, default_value = "10", value_name = "SECS", value_parser = parse_wait)]
+    pub heartbeat_timeout: Duration,
+    /// Restarts of every node's ranks after a rank fails (multi-node, as torchrun)
     #[arg(long, alias = "max_restarts", default_value_t = 0)]
     pub max_restarts: u32,
-    /// torchrun to use for multi-node jobs (default: torchrun on PATH)
-    #[arg(long, value_name = "PATH")]
-    pub torchrun: Option<OsString>,
     /// Use a saved plan (threadwise tune --save-plan) instead of planning
     #[arg(long = "plan", value_name = "FILE")]
     pub plan_file: Option<PathBuf>,

@@ -1,17 +1,15 @@
 //! `threadwise run` and `threadwise bind`: the options into a launch
 //! (`launch::prepare` does the work), then supervise (run) or exec (bind).
 
-use std::os::unix::process::CommandExt;
-
 use super::args::{BindCmd, RunCmd};
 use super::topo::{load, request};
 use super::{Exit, Failure, SourceArgs, settings};
-use crate::export::quote_all;
 use crate::launch::output::OutputOptions;
-use crate::launch::prepare::{self, ErrorFiles, MultiNode, PrepareError};
+use crate::launch::prepare::{self, ErrorFiles, PrepareError};
 use crate::launch::supervise::{self, RunOptions};
-use crate::launch::{LaunchError, bind, node_launches, resolve};
+use crate::launch::{LaunchError, RankLaunch, bind, node_launches, resolve};
 use crate::plan::{self, Plan};
+use crate::topology::Topology;
 
 impl From<LaunchError> for Failure {
     fn from(e: LaunchError) -> Self {
@@ -38,15 +36,15 @@ fn current(k: &str) -> Option<String> {
 }
 
 /// What the user sees at the end, and our exit code.
-fn finish_run(
+pub(super) fn finish_run(
     a: &RunCmd,
     outcome: &supervise::Outcome,
-    errors: &std::path::Path,
+    errors: &ErrorFiles,
 ) -> Result<Exit, Failure> {
     if !a.quiet {
         crate::say_text!(supervise::summary(outcome));
     }
-    if let Some(report) = supervise::failure_report(outcome, Some(errors)) {
+    if let Some(report) = supervise::failure_report(outcome, Some(&errors.dir)) {
         crate::say_text!(report);
     } else if let Some(sig) = outcome.signal {
         crate::say!("threadwise: stopped by {}", crate::os::signal_name(sig));
@@ -57,7 +55,7 @@ fn finish_run(
             crate::launch::output::MAX_LINE >> 20
         );
     }
-    if let Some(dir) = &a.log_dir {
+    if let Some(dir) = errors.logs() {
         crate::say!("threadwise: logs in {}", dir.display());
     }
     for (file, why) in &outcome.log_errors {
@@ -82,16 +80,28 @@ pub fn run(a: RunCmd) -> Result<Exit, Failure> {
         Some(path) => prepare::saved_plan(path, &t)?,
         None => plan::plan(&t, &req, &prepare::facts(&req))?,
     };
-    if a.plan.nnodes > 1 || a.rdzv_endpoint.is_some() {
-        return multi_node(&a, &p);
-    }
     settings::check_run_plan(&a, p.nproc)?;
+    if a.plan.nnodes > 1 || a.rdzv_endpoint.is_some() {
+        return super::nodes::run(&a, &p, &t, program);
+    }
     let mut launches = node_launches(&p, &a.command, &a.master_addr, a.master_port)?;
     if a.dry_run {
         let contain = crate::launch::contain::JobCgroup::probe();
         let shown = prepare::dry_run(&p, &launches, !a.no_move_workers, &current);
         return super::emit(&format!("{shown}containment: {contain}\n"));
     }
+    before_start(&a, &p, &t, &launches);
+    if let Some(w) = prepare::check_bindings(&mut launches, a.allow_unbound)? {
+        crate::say!("threadwise: warning: {w}");
+    }
+    let errors = ErrorFiles::new(a.log_dir.as_deref())?;
+    let outcome = supervise_ranks(&a, &p, &t, launches, &program, &errors, None, 0)?;
+    finish_run(&a, &outcome, &errors)
+}
+
+/// What `run` says before starting: replaced variables, doctor's preflight,
+/// a log directory that will not hold.
+pub(super) fn before_start(a: &RunCmd, p: &Plan, t: &Topology, launches: &[RankLaunch]) {
     if let Some(note) = launches
         .first()
         .and_then(|l| prepare::overrides_note(l, &current))
@@ -99,15 +109,29 @@ pub fn run(a: RunCmd) -> Result<Exit, Failure> {
         crate::say!("threadwise: {note}");
     }
     if !a.no_doctor {
-        super::doctor::preflight(&t, p.nproc);
+        super::doctor::preflight(t, p.nproc);
     }
-    if let Some(w) = prepare::check_bindings(&mut launches, a.allow_unbound)? {
+    if let Some(w) = a.log_dir.as_deref().and_then(settings::log_dir_warning) {
         crate::say!("threadwise: warning: {w}");
     }
-    let errors = ErrorFiles::new(a.log_dir.as_deref())?;
+}
+
+#[allow(clippy::too_many_arguments)]
+/// Start this node's ranks and supervise them to the end; `errors` holds
+/// their error files (and `errors.dir` is the log directory, if any).
+pub(super) fn supervise_ranks(
+    a: &RunCmd,
+    p: &Plan,
+    t: &Topology,
+    mut launches: Vec<RankLaunch>,
+    program: &std::path::Path,
+    errors: &ErrorFiles,
+    peer: Option<std::sync::Arc<dyn supervise::Peer>>,
+    rank_base: usize,
+) -> Result<supervise::Outcome, LaunchError> {
     errors.assign(&mut launches);
     for l in &mut launches {
-        l.program = Some(program.clone());
+        l.program = Some(program.to_path_buf());
     }
     let watch = std::sync::Arc::new(crate::top::watch::RunWatch::default());
     let shown: Vec<String> = a
@@ -115,9 +139,11 @@ pub fn run(a: RunCmd) -> Result<Exit, Failure> {
         .iter()
         .map(|x| x.to_string_lossy().into_owned())
         .collect();
+    let log_dir = errors.logs().map(std::path::Path::to_path_buf);
     let opts = RunOptions {
         grace: a.grace,
         output: OutputOptions {
+            rank_base,
             prefix: !a.no_prefix,
             // The live view takes the terminal; the output still goes to the logs.
             show: if a.top {
@@ -129,48 +155,19 @@ pub fn run(a: RunCmd) -> Result<Exit, Failure> {
         },
         timeout: None,
         move_workers: !a.no_move_workers,
-        log_dir: a.log_dir.clone(),
         on_spawned: Some(watch.hook(
-            &p,
-            &t,
+            p,
+            t,
             shown,
-            a.log_dir.as_ref().map(|d| d.display().to_string()),
+            log_dir.as_ref().map(|d| d.display().to_string()),
             a.top,
         )),
+        log_dir,
+        peer,
     };
-    if let Some(w) = a.log_dir.as_deref().and_then(settings::log_dir_warning) {
-        crate::say!("threadwise: warning: {w}");
-    }
     let outcome = supervise::run(&launches, &opts);
     watch.finish();
-    finish_run(&a, &outcome?, &errors.dir)
-}
-
-/// Hand the job to torchrun's elastic agent; each rank runs `threadwise bind`.
-fn multi_node(a: &RunCmd, p: &Plan) -> Result<Exit, Failure> {
-    let m = MultiNode {
-        torchrun: a.torchrun.clone(),
-        nnodes: a.plan.nnodes as usize,
-        rdzv_backend: a.rdzv_backend.clone(),
-        // settings::check_run made sure a multi-node job has its endpoint.
-        rdzv_endpoint: a.rdzv_endpoint.clone().unwrap_or_default(),
-        rdzv_id: a.rdzv_id.clone(),
-        max_restarts: a.max_restarts,
-        node_rank: a.node_rank,
-        allow_unbound: a.allow_unbound,
-    };
-    let (torchrun, args) = prepare::torchrun_command(&m, p, &a.command)?;
-    if a.dry_run {
-        let words: Vec<String> = std::iter::once(torchrun.display().to_string())
-            .chain(args.iter().map(|x| x.to_string_lossy().into_owned()))
-            .collect();
-        return super::emit(&(quote_all(&words) + "\n"));
-    }
-    let err = std::process::Command::new(&torchrun).args(&args).exec();
-    Err(Failure::env(
-        format!("cannot exec {}: {err}", torchrun.display()),
-        "check the torchrun installation",
-    ))
+    outcome
 }
 
 pub fn bind_cmd(a: BindCmd) -> Result<Exit, Failure> {

@@ -4,6 +4,7 @@
 mod args;
 mod doctor;
 mod launch;
+mod nodes;
 mod settings;
 mod top;
 mod topo;

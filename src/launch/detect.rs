@@ -217,6 +217,51 @@ pub fn slurm_node_cpus(env: &dyn Fn(&str) -> Option<String>) -> Option<crate::cp
     (!all.is_empty()).then_some(all)
 }
 
+/// The first host of a Slurm node list ("gpu[01-04,7],login" -> "gpu01";
+/// "rack[1-2]-n[08-09]" -> "rack1-n08"), zero padding kept.
+pub fn first_host(list: &str) -> Option<String> {
+    let mut out = String::new();
+    let mut chars = list.trim().chars();
+    while let Some(c) = chars.next() {
+        match c {
+            ',' => break,
+            '[' => {
+                let group: String = chars.by_ref().take_while(|c| *c != ']').collect();
+                let first = group.split([',', '-']).next()?.trim();
+                if first.is_empty() || !first.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                out.push_str(first);
+            }
+            c => out.push(c),
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// Under Slurm, what torch's env:// needs and srun does not give: MASTER_ADDR
+/// from the step's first node and MASTER_PORT from the job id (15000 + its
+/// last four digits, as Lightning does, so every task of the job agrees).
+/// Each is None when already set or not derivable.
+pub fn slurm_master(env: Env) -> (Option<String>, Option<u16>) {
+    if env("SLURM_JOB_ID").is_none() && env("SLURM_STEP_NODELIST").is_none() {
+        return (None, None);
+    }
+    let addr = env("MASTER_ADDR").is_none().then(|| {
+        env("SLURM_STEP_NODELIST")
+            .or_else(|| env("SLURM_JOB_NODELIST"))
+            .or_else(|| env("SLURM_NODELIST"))
+            .and_then(|l| first_host(&l))
+    });
+    let port = env("MASTER_PORT").is_none().then(|| {
+        let id = env("SLURM_JOB_ID")?;
+        let digits: String = id.chars().filter(char::is_ascii_digit).collect();
+        let tail = &digits[digits.len().saturating_sub(4)..];
+        Some(15000 + tail.parse::<u16>().ok()?)
+    });
+    (addr.flatten(), port.flatten())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,6 +333,41 @@ mod tests {
             let l = detect(&env_of(env)).unwrap();
             assert_eq!((l.name, l.local_rank, l.local_size), (*name, *rank, *size));
         }
+    }
+
+    #[test]
+    fn slurm_node_lists_give_their_first_host() {
+        assert_eq!(first_host("host[0-1]").as_deref(), Some("host0"));
+        assert_eq!(first_host("gpu[01-04,7],login").as_deref(), Some("gpu01"));
+        assert_eq!(first_host("login,gpu[1-2]").as_deref(), Some("login"));
+        assert_eq!(
+            first_host("rack[1-2]-n[08-09]").as_deref(),
+            Some("rack1-n08")
+        );
+        assert_eq!(first_host("node7").as_deref(), Some("node7"));
+        assert_eq!(first_host("bad[x-y]"), None);
+        assert_eq!(first_host(""), None);
+    }
+
+    #[test]
+    fn slurm_master_from_the_step_and_job_id_unless_set() {
+        let vars = [
+            ("SLURM_JOB_ID", "123456"),
+            ("SLURM_STEP_NODELIST", "host[3-4]"),
+        ];
+        let env = |k: &str| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        };
+        assert_eq!(slurm_master(&env), (Some("host3".into()), Some(18456)));
+        let set = |k: &str| match k {
+            "MASTER_ADDR" => Some("x".to_string()),
+            "MASTER_PORT" => Some("1".to_string()),
+            k => env(k),
+        };
+        assert_eq!(slurm_master(&set), (None, None));
+        assert_eq!(slurm_master(&|_: &str| None), (None, None));
     }
 
     #[test]

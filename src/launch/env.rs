@@ -4,34 +4,63 @@
 
 use std::collections::BTreeMap;
 
-/// Where this node sits in the job (one node for `run`).
+/// Where this node sits in the job.
 #[derive(Debug, Clone)]
 pub struct Job {
+    /// Ranks on this node.
     pub nproc: usize,
     pub master_addr: String,
     pub master_port: u16,
     pub run_id: String,
+    /// This node's rank among `nnodes` (GROUP_RANK).
+    pub node_rank: usize,
+    pub nnodes: usize,
+    /// The global rank of this node's local rank 0.
+    pub rank_offset: usize,
+    /// Ranks on every node.
+    pub world_size: usize,
+    pub restart_count: u32,
+    pub max_restarts: u32,
+}
+
+impl Job {
+    /// A one-node job of `nproc` ranks.
+    pub fn single(nproc: usize, master_addr: &str, master_port: u16, run_id: String) -> Job {
+        Job {
+            nproc,
+            master_addr: master_addr.to_string(),
+            master_port,
+            run_id,
+            node_rank: 0,
+            nnodes: 1,
+            rank_offset: 0,
+            world_size: nproc,
+            restart_count: 0,
+            max_restarts: 0,
+        }
+    }
 }
 
 /// torchrun's per-worker variables for local rank `local`.
 pub fn torchrun_env(job: &Job, local: usize) -> BTreeMap<String, String> {
     let n = job.nproc.to_string();
-    let l = local.to_string();
+    let world = job.world_size.to_string();
+    let global = (job.rank_offset + local).to_string();
     [
-        ("RANK", l.clone()),
-        ("LOCAL_RANK", l.clone()),
-        ("GROUP_RANK", "0".to_string()),
-        ("ROLE_RANK", l),
+        ("RANK", global.clone()),
+        ("LOCAL_RANK", local.to_string()),
+        ("GROUP_RANK", job.node_rank.to_string()),
+        ("ROLE_RANK", global),
         ("ROLE_NAME", "default".to_string()),
-        ("LOCAL_WORLD_SIZE", n.clone()),
-        ("WORLD_SIZE", n.clone()),
-        ("GROUP_WORLD_SIZE", "1".to_string()),
-        ("ROLE_WORLD_SIZE", n),
+        ("LOCAL_WORLD_SIZE", n),
+        ("WORLD_SIZE", world.clone()),
+        ("GROUP_WORLD_SIZE", job.nnodes.to_string()),
+        ("ROLE_WORLD_SIZE", world),
         ("MASTER_ADDR", job.master_addr.clone()),
         ("MASTER_PORT", job.master_port.to_string()),
         ("TORCHELASTIC_RUN_ID", job.run_id.clone()),
-        ("TORCHELASTIC_RESTART_COUNT", "0".to_string()),
-        ("TORCHELASTIC_MAX_RESTARTS", "0".to_string()),
+        ("TORCHELASTIC_RESTART_COUNT", job.restart_count.to_string()),
+        ("TORCHELASTIC_MAX_RESTARTS", job.max_restarts.to_string()),
         // Rank 0 hosts the TCPStore itself: there is no agent store.
         ("TORCHELASTIC_USE_AGENT_STORE", "False".to_string()),
         ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1".to_string()),
@@ -113,12 +142,7 @@ mod tests {
 
     #[test]
     fn contract_and_overrides() {
-        let job = Job {
-            nproc: 4,
-            master_addr: "127.0.0.1".into(),
-            master_port: 29500,
-            run_id: "x".into(),
-        };
+        let job = Job::single(4, "127.0.0.1", 29500, "x".into());
         let e = torchrun_env(&job, 2);
         assert_eq!(e["RANK"], "2");
         assert_eq!(e["LOCAL_WORLD_SIZE"], "4");
@@ -139,6 +163,35 @@ mod tests {
             vec![("RANK".into(), "7".into(), "2".into())]
         );
         assert!(free_port().unwrap() > 0);
+    }
+
+    #[test]
+    fn second_node_of_three_counts_global_ranks() {
+        let job = Job {
+            node_rank: 1,
+            nnodes: 3,
+            rank_offset: 2,
+            world_size: 6,
+            restart_count: 1,
+            max_restarts: 2,
+            ..Job::single(2, "10.0.0.1", 29500, "r".into())
+        };
+        let e = torchrun_env(&job, 1);
+        let got: Vec<&str> = [
+            "RANK",
+            "LOCAL_RANK",
+            "GROUP_RANK",
+            "GROUP_WORLD_SIZE",
+            "WORLD_SIZE",
+            "LOCAL_WORLD_SIZE",
+            "ROLE_RANK",
+            "TORCHELASTIC_RESTART_COUNT",
+            "TORCHELASTIC_MAX_RESTARTS",
+        ]
+        .iter()
+        .map(|k| e[*k].as_str())
+        .collect();
+        assert_eq!(got, ["3", "1", "1", "3", "6", "2", "3", "1", "2"]);
     }
 
     #[test]

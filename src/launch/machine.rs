@@ -54,6 +54,9 @@ pub enum Event {
     Signal(i32),
     /// Time passed (deadlines are checked against `now`).
     Tick,
+    /// The job ended elsewhere (another node's rank failed, a node was
+    /// lost): stop every rank as for a failure, none of ours to blame.
+    Elsewhere,
 }
 
 /// What to do.
@@ -155,6 +158,11 @@ impl Machine {
                 Some(Action::Child) | None => {}
             },
             Event::Tick => {}
+            Event::Elsewhere => {
+                if self.kill_at.is_none() {
+                    self.stop(libc::SIGTERM, now, &mut out);
+                }
+            }
         }
         // Deadlines, after every event.
         if !self.timed_out && self.kill_at.is_none() && self.deadline.is_some_and(|d| now >= d) {
@@ -192,6 +200,26 @@ mod tests {
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)
+    }
+
+    #[test]
+    fn a_stop_from_elsewhere_terminates_then_kills_and_blames_no_rank() {
+        let t0 = Instant::now();
+        let mut m = Machine::new(2, secs(5), None);
+        let acts = m.on(Event::Elsewhere, t0);
+        assert_eq!(
+            acts,
+            vec![Act::Signal(TERM, vec![0, 1]), Act::Signal(CONT, vec![0, 1])]
+        );
+        // A second stop changes nothing; the grace period still runs.
+        assert!(m.on(Event::Elsewhere, t0 + secs(1)).is_empty());
+        // Rank 0 dies of the SIGTERM: not a failure of its own.
+        m.on(Event::Ended(0, Exit::Signal(TERM)), t0 + secs(2));
+        assert_eq!(m.first_failure(), None);
+        assert_eq!(
+            m.on(Event::Tick, t0 + secs(5)),
+            vec![Act::Signal(KILL, vec![1])]
+        );
     }
 
     #[test]

@@ -4,13 +4,14 @@
 //! decided by the planner and turned into a `RankLaunch` before anything starts.
 
 pub mod bind;
+pub mod cluster;
 pub mod contain;
 pub mod detect;
 pub mod env;
 pub mod machine;
 pub mod output;
 pub mod prepare;
-mod signals;
+pub(crate) mod signals;
 pub mod supervise;
 pub mod workers;
 
@@ -203,12 +204,7 @@ pub fn node_launches(
         Some(p) => p,
         None => env::free_port().map_err(LaunchError::Port)?,
     };
-    let job = env::Job {
-        nproc: p.nproc,
-        master_addr: master_addr.to_string(),
-        master_port,
-        run_id: env::run_id(),
-    };
+    let job = env::Job::single(p.nproc, master_addr, master_port, env::run_id());
     Ok(plan_launches(p, argv, &job))
 }
 

@@ -45,6 +45,8 @@ pub struct OutputOptions {
     pub show: Option<Vec<usize>>,
     /// Also give every line to this sink.
     pub sink: Option<LineSink>,
+    /// The global rank of local rank 0 (multi-node), for the prefixes.
+    pub rank_base: usize,
 }
 
 impl std::fmt::Debug for OutputOptions {
@@ -288,8 +290,10 @@ pub fn pump(
         rank,
         stream,
         show: opts.show.as_ref().is_none_or(|s| s.contains(&rank)),
-        prefix: opts.prefix.then(|| format!("[rank {rank}] ").into_bytes()),
-        torch_prefix: format!("[rank{rank}]:").into_bytes(),
+        prefix: opts
+            .prefix
+            .then(|| format!("[rank {}] ", opts.rank_base + rank).into_bytes()),
+        torch_prefix: format!("[rank{}]:", opts.rank_base + rank).into_bytes(),
         log: log.map(|(f, name)| (BufWriter::with_capacity(256 * 1024, f), name)),
         sink: opts.sink.clone(),
         tail,

@@ -1,8 +1,8 @@
 //! Getting ranks ready to start, shared by `run`, `bind` and tune's runner:
 //! the live topology and planner facts, a saved plan checked against this
 //! machine, every binding tried before anything starts, the ranks' error
-//! files, `bind`'s own slice under another launcher, the torchrun command of a
-//! multi-node job, and what `--dry-run` shows. The command line only parses
+//! files, `bind`'s own slice under another launcher (with MASTER_ADDR and
+//! MASTER_PORT derived under Slurm), and what `--dry-run` shows. The command line only parses
 //! and calls these.
 
 use std::collections::BTreeMap;
@@ -10,8 +10,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use super::env::overridden;
-use super::{LaunchError, RankLaunch, check_placements, detect, rank_launch, resolve};
-use crate::export::{bind_args, quote, quote_all};
+use super::{LaunchError, RankLaunch, check_placements, detect, rank_launch};
+use crate::export::{quote, quote_all};
 use crate::plan::{self, AllocatorChoice, Facts, NProc, Plan, PlanError, PlanRequest};
 use crate::topology::gpus::{self, NvmlUse};
 use crate::topology::{Topology, TopologyError, hwloc_xml, synthetic, sysfs};
@@ -45,10 +45,6 @@ pub enum PrepareError {
         launcher: String,
         size: usize,
     },
-    #[error("multi-node runs go through torchrun, and {0} was not found")]
-    NoTorchrun(String),
-    #[error("cannot find this binary: {0}")]
-    SelfPath(std::io::Error),
 }
 
 impl PrepareError {
@@ -56,6 +52,15 @@ impl PrepareError {
     pub fn hint(&self) -> String {
         match self {
             PrepareError::Launch(e) => e.hint().into(),
+            PrepareError::Plan(e @ PlanError::TooFewCpus { .. })
+                if std::env::var_os("SLURM_STEP_ID").is_some() =>
+            {
+                format!(
+                    "{}; under srun each task gets one CPU unless asked: give the step more \
+                     with srun --cpus-per-task=N (-c N)",
+                    e.hint()
+                )
+            }
             PrepareError::Plan(e) => e.hint().to_string(),
             PrepareError::Topology(e) => topology_hint(e).into(),
             PrepareError::PlanUnreadable { .. } | PrepareError::PlanNotAPlan { .. } => {
@@ -72,10 +77,6 @@ impl PrepareError {
             PrepareError::BindCount { .. } => {
                 "leave --nproc-per-node out under a launcher, or make them agree".into()
             }
-            PrepareError::NoTorchrun(_) => {
-                "install PyTorch in this environment, or give --torchrun PATH".into()
-            }
-            PrepareError::SelfPath(_) => "run threadwise by its path".into(),
         }
     }
 
@@ -90,9 +91,7 @@ impl PrepareError {
             | PrepareError::BindCount { .. } => 2,
             PrepareError::Topology(_)
             | PrepareError::PlanOtherMachine { .. }
-            | PrepareError::ErrorDir(_)
-            | PrepareError::NoTorchrun(_)
-            | PrepareError::SelfPath(_) => 3,
+            | PrepareError::ErrorDir(_) => 3,
         }
     }
 }
@@ -270,6 +269,11 @@ impl ErrorFiles {
         })
     }
 
+    /// The log directory, when the user gave one (else the files are private).
+    pub fn logs(&self) -> Option<&Path> {
+        self._private.is_none().then_some(self.dir.as_path())
+    }
+
     /// Give every rank its TORCHELASTIC_ERROR_FILE, removing a previous
     /// run's record (no root cause of this one).
     pub fn assign(&self, launches: &mut [RankLaunch]) {
@@ -340,63 +344,17 @@ pub fn bind_launch(
         add("RANK", rank_no.to_string());
         add("WORLD_SIZE", world.to_string());
     }
+    if launcher.name == "Slurm" {
+        let (addr, port) = detect::slurm_master(current);
+        if let Some(a) = addr {
+            add("MASTER_ADDR", a);
+        }
+        if let Some(p) = port {
+            add("MASTER_PORT", p.to_string());
+        }
+    }
     let l = rank_launch(rank, command, extra);
     Ok((p, l))
-}
-
-/// A multi-node job, handed to torchrun's elastic agent.
-#[derive(Debug, Clone)]
-pub struct MultiNode {
-    pub torchrun: Option<OsString>,
-    pub nnodes: usize,
-    pub rdzv_backend: String,
-    pub rdzv_endpoint: String,
-    pub rdzv_id: Option<String>,
-    pub max_restarts: u32,
-    pub node_rank: Option<u32>,
-    pub allow_unbound: bool,
-}
-
-/// torchrun's path and arguments: every rank runs `threadwise bind` with the
-/// options that give it the same node plan, then `command`.
-pub fn torchrun_command(
-    m: &MultiNode,
-    p: &Plan,
-    command: &[OsString],
-) -> Result<(PathBuf, Vec<OsString>), PrepareError> {
-    let torchrun = m.torchrun.clone().unwrap_or_else(|| "torchrun".into());
-    let path = resolve(&torchrun)
-        .map_err(|_| PrepareError::NoTorchrun(torchrun.to_string_lossy().into_owned()))?;
-    let me = std::env::current_exe().map_err(PrepareError::SelfPath)?;
-    let mut args: Vec<OsString> = vec![
-        "--nnodes".into(),
-        m.nnodes.to_string().into(),
-        "--nproc-per-node".into(),
-        p.nproc.to_string().into(),
-        "--rdzv-backend".into(),
-        m.rdzv_backend.clone().into(),
-        "--rdzv-endpoint".into(),
-        m.rdzv_endpoint.clone().into(),
-        "--rdzv-id".into(),
-        m.rdzv_id
-            .clone()
-            .unwrap_or_else(|| "threadwise".into())
-            .into(),
-        "--max-restarts".into(),
-        m.max_restarts.to_string().into(),
-    ];
-    if let Some(r) = m.node_rank {
-        args.extend(["--node-rank".into(), r.to_string().into()]);
-    }
-    args.extend(["--no-python".into(), me.into_os_string(), "bind".into()]);
-    let mut req_args = bind_args(p);
-    if m.allow_unbound {
-        req_args.push("--allow-unbound".into());
-    }
-    args.extend(req_args.into_iter().map(OsString::from));
-    args.push("--".into());
-    args.extend(command.iter().cloned());
-    Ok((path, args))
 }
 
 /// `--dry-run`: what each rank would get. `mover`: run moves DataLoader

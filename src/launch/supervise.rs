@@ -32,6 +32,26 @@ pub struct RunOptions {
     pub on_spawned: Option<Spawned>,
     /// Move each rank's DataLoader workers to its worker CPUs (see workers.rs).
     pub move_workers: bool,
+    /// The rest of a multi-node job (see `cluster`): told of our failure,
+    /// asked whether the job ended elsewhere.
+    pub peer: Option<Arc<dyn Peer>>,
+}
+
+/// The other nodes of the job, as the supervisor sees them.
+pub trait Peer: Send + Sync + std::fmt::Debug {
+    /// The job must end here too (polled every 100 ms).
+    fn stop_requested(&self) -> bool;
+    /// This node's part went wrong on its own (told once, at once).
+    fn local_failure(&self, what: LocalFailure);
+}
+
+/// What went wrong on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalFailure {
+    /// A rank failed: its local rank, pid and end.
+    Rank(usize, i32, Exit),
+    /// The user stopped us with this signal.
+    Signal(i32),
 }
 
 /// A callback with the ranks' pids (the state file for `top`, `run --top`).
@@ -413,6 +433,7 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
     let state = Arc::new(OutputState::default());
     let (pumps, tails) = start_pumps(ranks, &mut children, opts, &state);
     let mut next_sample = Instant::now() + Duration::from_millis(10);
+    let mut told = false;
     while !w.machine.done() {
         let until_sample = next_sample
             .saturating_duration_since(Instant::now())
@@ -433,6 +454,9 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
             w.event(Event::Signal(sig));
         }
         w.event(Event::Tick);
+        if let Some(peer) = &opts.peer {
+            tell_peer(peer.as_ref(), &mut w, &mut told);
+        }
     }
     // Whatever the ranks left behind: their groups, the job cgroup, then
     // re-parented orphans.
@@ -466,6 +490,28 @@ pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchErr
         ),
         split_lines: state.split_lines.load(std::sync::atomic::Ordering::Relaxed),
     })
+}
+
+/// Tell the other nodes of our first failure once; stop if the job ended
+/// elsewhere.
+fn tell_peer(peer: &dyn Peer, w: &mut Watch, told: &mut bool) {
+    if !*told {
+        let what = match (w.machine.first_failure(), w.machine.user_signal()) {
+            (Some(i), _) => w.running[i]
+                .result
+                .as_ref()
+                .map(|r| LocalFailure::Rank(r.local_rank, r.pid, r.exit)),
+            (None, Some(sig)) => Some(LocalFailure::Signal(sig)),
+            (None, None) => None,
+        };
+        if let Some(what) = what {
+            peer.local_failure(what);
+            *told = true;
+        }
+    }
+    if peer.stop_requested() {
+        w.event(Event::Elsewhere);
+    }
 }
 
 /// Join output threads, but never hang on a pipe some escaped process holds.

@@ -72,12 +72,7 @@ impl super::TrialRunner for Runner {
     fn launch_key(&self, c: &TuneConfig) -> Option<LaunchKey> {
         let p = self.plan_of(c).ok()?;
         // A fixed job: the port and run id differ between any two launches.
-        let job = crate::launch::env::Job {
-            nproc: p.nproc,
-            master_addr: "127.0.0.1".into(),
-            master_port: 0,
-            run_id: String::new(),
-        };
+        let job = crate::launch::env::Job::single(p.nproc, "127.0.0.1", 0, String::new());
         Some(plan_launches(&p, &self.argv, &job))
     }
 
@@ -116,6 +111,7 @@ impl super::TrialRunner for Runner {
             grace: self.grace,
             timeout: Some(self.timeout),
             output: OutputOptions {
+                rank_base: 0,
                 prefix: true,
                 show: Some(vec![]),
                 sink: Some(sink),
@@ -123,6 +119,7 @@ impl super::TrialRunner for Runner {
             log_dir: None,
             on_spawned: Some(on_spawned),
             move_workers: true,
+            peer: None,
         };
         if let Some(g) = &mut self.gpu {
             g.start(gpus, job);

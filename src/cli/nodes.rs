@@ -1,0 +1,251 @@
+//! `threadwise run --nnodes N`: this node's agent (`launch::cluster`) joins
+//! the rendezvous, and every round starts this node's ranks with the same
+//! supervision as a one-node run; the job's end, its root cause and exit
+//! code are the same on every node.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::args::RunCmd;
+use super::launch::{before_start, supervise_ranks};
+use super::{Exit, Failure};
+use crate::launch::cluster::{self, AgentConfig, ClusterError, Start, netif};
+use crate::launch::env::Job;
+use crate::launch::prepare::{self, ErrorFiles};
+use crate::launch::supervise::{self, Peer};
+use crate::launch::{RankLaunch, plan_launches};
+use crate::plan::Plan;
+use crate::topology::Topology;
+
+impl From<ClusterError> for Failure {
+    fn from(e: ClusterError) -> Self {
+        Failure {
+            code: e.code(),
+            message: e.to_string(),
+            hint: Some(e.hint()).filter(|h| !h.is_empty()),
+        }
+    }
+}
+
+fn current(k: &str) -> Option<String> {
+    std::env::var(k).ok()
+}
+
+fn job_of(s: &Start, nproc: usize, run_id: &str) -> Job {
+    Job {
+        nproc,
+        master_addr: s.master_addr.clone(),
+        master_port: s.master_port,
+        run_id: run_id.to_string(),
+        node_rank: s.node_rank,
+        nnodes: s.nnodes,
+        rank_offset: s.rank_offset,
+        world_size: s.world_size,
+        restart_count: s.round,
+        max_restarts: s.max_restarts,
+    }
+}
+
+/// GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME: the interface that routes to
+/// node 0 (MASTER_ADDR), set where unset; a user's value that cannot reach
+/// it is kept and warned about.
+fn collective_ifname(master: &str, launches: &mut [RankLaunch], warn: bool) {
+    let Some((ifname, _)) = netif::route_to(master) else {
+        return;
+    };
+    for var in netif::IFNAME_VARS {
+        match netif::decide(var, &ifname, current(var).as_deref()) {
+            Ok(Some(v)) => {
+                for l in launches.iter_mut() {
+                    l.env.insert(var.to_string(), v.clone());
+                }
+            }
+            Ok(None) => {}
+            Err(w) if warn => crate::say!("threadwise: warning: {w}"),
+            Err(_) => {}
+        }
+    }
+}
+
+pub fn run(a: &RunCmd, p: &Plan, t: &Topology, program: PathBuf) -> Result<Exit, Failure> {
+    let host = crate::os::hostname();
+    let endpoint = a.rdzv_endpoint.clone().unwrap_or_default();
+    let run_id = a
+        .rdzv_id
+        .clone()
+        .or_else(|| current("SLURM_JOB_ID"))
+        .unwrap_or_else(|| "none".into());
+    let cfg = AgentConfig {
+        endpoint: endpoint.clone(),
+        nnodes: a.plan.nnodes as usize,
+        node_rank: a.node_rank.map(|r| r as usize),
+        run_id: run_id.clone(),
+        nproc: p.nproc,
+        max_restarts: a.max_restarts,
+        master_port: a.master_port,
+        join_timeout: a.rdzv_timeout,
+        heartbeat_timeout: a.heartbeat_timeout,
+        host: host.clone(),
+    };
+    // What the ranks get before the rendezvous fills in their place.
+    let guess = Start {
+        round: 0,
+        node_rank: cfg.node_rank.unwrap_or(0),
+        nnodes: cfg.nnodes,
+        rank_offset: cfg.node_rank.unwrap_or(0) * p.nproc,
+        world_size: cfg.nnodes * p.nproc,
+        master_addr: endpoint
+            .rsplit_once(':')
+            .map_or(String::new(), |(h, _)| h.to_string()),
+        master_port: a.master_port.unwrap_or(0),
+        max_restarts: a.max_restarts,
+        hosts: vec![],
+    };
+    let mut probe = plan_launches(p, &a.command, &job_of(&guess, p.nproc, &run_id));
+    if a.dry_run {
+        collective_ifname(&guess.master_addr, &mut probe, false);
+        let shown = prepare::dry_run(p, &probe, !a.no_move_workers, &current);
+        return super::emit(&format!(
+            "node {host}: joins the rendezvous at {endpoint} (id {run_id:?}) as one of {} node(s); \
+             threadwise supervises this node's ranks\n\
+             RANK, GROUP_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT below assume {}; the \
+             rendezvous sets them\n{shown}",
+            cfg.nnodes,
+            match cfg.node_rank {
+                Some(r) => format!("node rank {r}"),
+                None => "node rank 0, the same number of ranks on every node".into(),
+            }
+        ));
+    }
+    before_start(a, p, t, &probe);
+    let unbound = match prepare::check_bindings(&mut probe, a.allow_unbound)? {
+        Some(w) => {
+            crate::say!("threadwise: warning: {w}");
+            true
+        }
+        None => false,
+    };
+    // Every node's logs under DIR/<host>, so nodes sharing a file system
+    // never write each other's files.
+    let logs = a.log_dir.as_ref().map(|d| d.join(&host));
+    crate::say!(
+        "threadwise: {host}: joining the rendezvous at {endpoint} ({} node(s), id {run_id:?})",
+        cfg.nnodes
+    );
+    let mut failures: Vec<String> = vec![];
+    let end = cluster::run(&cfg, |s, peer| {
+        node_round(
+            a,
+            p,
+            t,
+            &program,
+            s,
+            peer,
+            &logs,
+            unbound,
+            &run_id,
+            &mut failures,
+        )
+    });
+    let end = match end {
+        Ok(e) => e,
+        Err(e) => {
+            for f in &failures {
+                crate::say_text!(f);
+            }
+            return Err(e.into());
+        }
+    };
+    for f in &failures {
+        crate::say_text!(f);
+    }
+    if let Some(cause) = &end.cause {
+        crate::say!("threadwise: the job ended: {cause}");
+    }
+    if let Some(d) = &logs {
+        crate::say!("threadwise: logs in {}", d.display());
+    }
+    Ok(Exit(end.code))
+}
+
+/// One round on this node: its ranks, supervised; returns their exit code.
+#[allow(clippy::too_many_arguments)]
+fn node_round(
+    a: &RunCmd,
+    p: &Plan,
+    t: &Topology,
+    program: &Path,
+    s: &Start,
+    peer: Arc<dyn Peer>,
+    logs: &Option<PathBuf>,
+    unbound: bool,
+    run_id: &str,
+    failures: &mut Vec<String>,
+) -> i32 {
+    let host = crate::os::hostname();
+    let last = s.rank_offset + p.nproc - 1;
+    crate::say!(
+        "threadwise: {host}: node {} of {} ({}), ranks {}-{last} of {}, MASTER_ADDR={} MASTER_PORT={}{}",
+        s.node_rank,
+        s.nnodes,
+        s.hosts.join(", "),
+        s.rank_offset,
+        s.world_size,
+        s.master_addr,
+        s.master_port,
+        if s.round > 0 {
+            format!(" (restart {} of {})", s.round, s.max_restarts)
+        } else {
+            String::new()
+        }
+    );
+    let mut launches = plan_launches(p, &a.command, &job_of(s, p.nproc, run_id));
+    if unbound {
+        for l in &mut launches {
+            l.placement = Default::default();
+        }
+    }
+    collective_ifname(&s.master_addr, &mut launches, s.round == 0);
+    let dir = logs.as_ref().map(|d| match s.round {
+        0 => d.clone(),
+        r => d.join(format!("restart-{r}")),
+    });
+    let errors = match ErrorFiles::new(dir.as_deref()) {
+        Ok(e) => e,
+        Err(e) => {
+            failures.push(format!("error: {e}"));
+            return 3;
+        }
+    };
+    match supervise_ranks(
+        a,
+        p,
+        t,
+        launches,
+        program,
+        &errors,
+        Some(peer),
+        s.rank_offset,
+    ) {
+        Ok(o) => {
+            if !a.quiet {
+                crate::say_text!(supervise::summary(&o));
+            }
+            if let Some(r) = supervise::failure_report(&o, Some(&errors.dir)) {
+                // Local rank numbers, named as such beside the host.
+                failures.push(format!(
+                    "{host}: {}",
+                    r.replacen("error: rank ", "error: local rank ", 1)
+                ));
+            }
+            for (file, why) in &o.log_errors {
+                failures.push(format!("error: the log {file} is incomplete: {why}"));
+            }
+            o.code()
+        }
+        Err(e) => {
+            failures.push(format!("error: {e}\nhint: {}", e.hint()));
+            e.code()
+        }
+    }
+}

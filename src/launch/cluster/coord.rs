@@ -1,0 +1,602 @@
+//! The rendezvous host's decisions, pure: which nodes joined, which node
+//! rank each gets, when a round starts, stops, restarts or ends, which node
+//! is lost. Events in (a node joined, said something, went silent), messages
+//! out; `server.rs` does the sockets and the clock. Unit tests drive it with
+//! made-up nodes and instants.
+
+use std::time::{Duration, Instant};
+
+use super::proto::{Failure, Hello, Start, ToAgent};
+
+/// A connection's id, given by the server.
+pub type Conn = usize;
+
+#[derive(Debug, Clone)]
+struct Node {
+    conn: Conn,
+    hello: Hello,
+    /// The address the node connected from (MASTER_ADDR when it is node 0).
+    addr: String,
+    node_rank: usize,
+    last_seen: Instant,
+    ended: bool,
+    lost: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Phase {
+    Joining {
+        since: Instant,
+    },
+    Running,
+    /// The round is stopping: why, the job's exit code, and whether a restart may follow.
+    Stopping {
+        failure: Failure,
+    },
+    Over,
+}
+
+/// What the rendezvous host knows.
+#[derive(Debug)]
+pub struct Coordinator {
+    nnodes: usize,
+    run_id: String,
+    max_restarts: u32,
+    master_port: Option<u16>,
+    join_timeout: Duration,
+    heartbeat_timeout: Duration,
+    nodes: Vec<Node>,
+    phase: Phase,
+    round: u32,
+}
+
+/// A message for one connection; `close` after sending it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Out {
+    pub conn: Conn,
+    pub msg: ToAgent,
+    pub close: bool,
+}
+
+impl Coordinator {
+    pub fn new(
+        nnodes: usize,
+        run_id: &str,
+        max_restarts: u32,
+        master_port: Option<u16>,
+        join_timeout: Duration,
+        heartbeat_timeout: Duration,
+        now: Instant,
+    ) -> Coordinator {
+        Coordinator {
+            nnodes,
+            run_id: run_id.to_string(),
+            max_restarts,
+            master_port,
+            join_timeout,
+            heartbeat_timeout,
+            nodes: vec![],
+            phase: Phase::Joining { since: now },
+            round: 0,
+        }
+    }
+
+    /// The job is over: every node was told how it ended.
+    pub fn over(&self) -> bool {
+        self.phase == Phase::Over
+    }
+
+    /// The live connections (for heartbeats).
+    pub fn live(&self) -> Vec<Conn> {
+        self.nodes
+            .iter()
+            .filter(|n| !n.lost)
+            .map(|n| n.conn)
+            .collect()
+    }
+
+    fn refuse(conn: Conn, why: String) -> Vec<Out> {
+        vec![Out {
+            conn,
+            msg: ToAgent::Refused { why },
+            close: true,
+        }]
+    }
+
+    /// A node said hello from `addr`.
+    pub fn join(&mut self, conn: Conn, hello: Hello, addr: &str, now: Instant) -> Vec<Out> {
+        if !matches!(self.phase, Phase::Joining { .. }) {
+            return Self::refuse(
+                conn,
+                format!(
+                    "the job has already started with its {} node(s)",
+                    self.nnodes
+                ),
+            );
+        }
+        if hello.run_id != self.run_id {
+            return Self::refuse(
+                conn,
+                format!(
+                    "run id {:?} differs from the job's {:?} (--rdzv-id)",
+                    hello.run_id, self.run_id
+                ),
+            );
+        }
+        if hello.nnodes != self.nnodes {
+            return Self::refuse(
+                conn,
+                format!(
+                    "--nnodes {} differs from the rendezvous host's {}",
+                    hello.nnodes, self.nnodes
+                ),
+            );
+        }
+        if let Some(r) = hello.node_rank {
+            if r >= self.nnodes {
+                return Self::refuse(
+                    conn,
+                    format!("--node-rank {r} is not below --nnodes {}", self.nnodes),
+                );
+            }
+            if let Some(other) = self.nodes.iter().find(|n| n.hello.node_rank == Some(r)) {
+                return Self::refuse(
+                    conn,
+                    format!("--node-rank {r} is taken by {}", other.hello.host),
+                );
+            }
+        }
+        self.nodes.push(Node {
+            conn,
+            hello,
+            addr: addr.to_string(),
+            node_rank: 0,
+            last_seen: now,
+            ended: false,
+            lost: false,
+        });
+        if self.nodes.len() < self.nnodes {
+            return vec![];
+        }
+        self.assign_ranks();
+        self.start()
+    }
+
+    /// Node ranks: the ones asked for, then the rendezvous host's own node,
+    /// then the rest in the order they joined.
+    fn assign_ranks(&mut self) {
+        let mut free: Vec<usize> = (0..self.nnodes)
+            .filter(|r| !self.nodes.iter().any(|n| n.hello.node_rank == Some(*r)))
+            .collect();
+        free.reverse();
+        let mut order: Vec<usize> = (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].hello.node_rank.is_none())
+            .collect();
+        order.sort_by_key(|&i| !self.nodes[i].hello.hosting);
+        for i in 0..self.nodes.len() {
+            if let Some(r) = self.nodes[i].hello.node_rank {
+                self.nodes[i].node_rank = r;
+            }
+        }
+        for i in order {
+            self.nodes[i].node_rank = free.pop().unwrap_or(0);
+        }
+        self.nodes.sort_by_key(|n| n.node_rank);
+    }
+
+    /// Start a round on every node.
+    fn start(&mut self) -> Vec<Out> {
+        self.phase = Phase::Running;
+        let world: usize = self.nodes.iter().map(|n| n.hello.nproc).sum();
+        let first = &self.nodes[0];
+        let master_addr = first.addr.clone();
+        let master_port = self.master_port.unwrap_or(first.hello.port);
+        let hosts: Vec<String> = self.nodes.iter().map(|n| n.hello.host.clone()).collect();
+        let mut offset = 0;
+        let mut out = vec![];
+        for n in &mut self.nodes {
+            n.ended = false;
+            out.push(Out {
+                conn: n.conn,
+                msg: ToAgent::Start(Start {
+                    round: self.round,
+                    node_rank: n.node_rank,
+                    nnodes: self.nnodes,
+                    rank_offset: offset,
+                    world_size: world,
+                    master_addr: master_addr.clone(),
+                    master_port,
+                    max_restarts: self.max_restarts,
+                    hosts: hosts.clone(),
+                }),
+                close: false,
+            });
+            offset += n.hello.nproc;
+        }
+        out
+    }
+
+    fn index(&self, conn: Conn) -> Option<usize> {
+        self.nodes.iter().position(|n| n.conn == conn)
+    }
+
+    /// Any message from `conn` shows it is alive.
+    pub fn seen(&mut self, conn: Conn, now: Instant) {
+        if let Some(i) = self.index(conn) {
+            self.nodes[i].last_seen = now;
+        }
+    }
+
+    /// The first failure of a round stops it on every other node.
+    pub fn failed(&mut self, conn: Conn, f: Failure) -> Vec<Out> {
+        if self.phase != Phase::Running || f.round != self.round {
+            return vec![];
+        }
+        self.phase = Phase::Stopping { failure: f.clone() };
+        self.nodes
+            .iter()
+            .filter(|n| n.conn != conn && !n.lost && !n.ended)
+            .map(|n| Out {
+                conn: n.conn,
+                msg: ToAgent::Stop {
+                    round: self.round,
+                    cause: f.cause.clone(),
+                },
+                close: false,
+            })
+            .collect()
+    }
+
+    /// A node's ranks all ended in `round`; `port` is free on it for the next.
+    pub fn ended(&mut self, conn: Conn, round: u32, code: i32, port: u16) -> Vec<Out> {
+        let Some(i) = self.index(conn) else {
+            return vec![];
+        };
+        if round != self.round {
+            return vec![];
+        }
+        self.nodes[i].ended = true;
+        self.nodes[i].hello.port = port;
+        if code != 0 && self.phase == Phase::Running {
+            // A failure the node did not report first (it cannot happen
+            // with our agents; keep the job's end right anyway).
+            let host = self.nodes[i].hello.host.clone();
+            let mut out = self.failed(
+                conn,
+                Failure {
+                    round,
+                    cause: format!("{host}: its ranks ended with code {code}"),
+                    code,
+                    restartable: true,
+                },
+            );
+            out.extend(self.round_over());
+            return out;
+        }
+        self.round_over()
+    }
+
+    /// A node is gone: its connection closed or it went silent.
+    pub fn lost(&mut self, conn: Conn, why: &str) -> Vec<Out> {
+        let Some(i) = self.index(conn) else {
+            return vec![];
+        };
+        if let Phase::Joining { .. } = self.phase {
+            // Gone before the job started: it never counted.
+            self.nodes.remove(i);
+            return vec![];
+        }
+        if self.nodes[i].lost || self.phase == Phase::Over {
+            return vec![];
+        }
+        self.nodes[i].lost = true;
+        let host = self.nodes[i].hello.host.clone();
+        let node_rank = self.nodes[i].node_rank;
+        let mut out = vec![];
+        if self.phase == Phase::Running || !self.nodes[i].ended {
+            let f = Failure {
+                round: self.round,
+                cause: format!("node {node_rank} ({host}) was lost: {why}"),
+                code: 1,
+                restartable: false,
+            };
+            if self.phase == Phase::Running {
+                out = self.failed(conn, f);
+            } else if let Phase::Stopping { failure } = &mut self.phase {
+                // A lost node forbids the restart a rank's failure would allow.
+                failure.restartable = false;
+            }
+        }
+        out.extend(self.round_over());
+        out
+    }
+
+    /// Once every live node ended the round: restart, or end the job.
+    fn round_over(&mut self) -> Vec<Out> {
+        if self.nodes.iter().any(|n| !n.lost && !n.ended) {
+            return vec![];
+        }
+        let any_lost = self.nodes.iter().any(|n| n.lost);
+        match self.phase.clone() {
+            Phase::Stopping { failure }
+                if failure.restartable && !any_lost && self.round < self.max_restarts =>
+            {
+                self.round += 1;
+                self.start()
+            }
+            Phase::Stopping { failure } => self.end(failure.code, Some(failure.cause)),
+            Phase::Running => self.end(0, None),
+            _ => vec![],
+        }
+    }
+
+    fn end(&mut self, code: i32, cause: Option<String>) -> Vec<Out> {
+        self.phase = Phase::Over;
+        self.nodes
+            .iter()
+            .filter(|n| !n.lost)
+            .map(|n| Out {
+                conn: n.conn,
+                msg: ToAgent::End {
+                    code,
+                    cause: cause.clone(),
+                },
+                close: true,
+            })
+            .collect()
+    }
+
+    /// Time passed: nodes silent too long are lost; a rendezvous that waited
+    /// too long ends.
+    pub fn tick(&mut self, now: Instant) -> Vec<Out> {
+        if let Phase::Joining { since } = self.phase {
+            if now.duration_since(since) >= self.join_timeout {
+                let joined: Vec<String> = self.nodes.iter().map(|n| n.hello.host.clone()).collect();
+                let why = format!(
+                    "only {} of {} node(s) joined in {} s ({})",
+                    joined.len(),
+                    self.nnodes,
+                    self.join_timeout.as_secs(),
+                    if joined.is_empty() {
+                        "none".to_string()
+                    } else {
+                        joined.join(", ")
+                    }
+                );
+                self.phase = Phase::Over;
+                return self
+                    .nodes
+                    .iter()
+                    .map(|n| Out {
+                        conn: n.conn,
+                        msg: ToAgent::Incomplete { why: why.clone() },
+                        close: true,
+                    })
+                    .collect();
+            }
+            return vec![];
+        }
+        let silent: Vec<(Conn, u64)> = self
+            .nodes
+            .iter()
+            .filter(|n| !n.lost && now.duration_since(n.last_seen) >= self.heartbeat_timeout)
+            .map(|n| (n.conn, now.duration_since(n.last_seen).as_secs()))
+            .collect();
+        let mut out = vec![];
+        for (conn, secs) in silent {
+            out.extend(self.lost(conn, &format!("no heartbeat for {secs} s")));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(host: &str, nproc: usize, hosting: bool, port: u16) -> Hello {
+        Hello {
+            host: host.into(),
+            nproc,
+            nnodes: 2,
+            node_rank: None,
+            run_id: "job".into(),
+            hosting,
+            port,
+        }
+    }
+
+    fn coord(t0: Instant, restarts: u32) -> Coordinator {
+        Coordinator::new(
+            2,
+            "job",
+            restarts,
+            None,
+            Duration::from_secs(30),
+            Duration::from_secs(10),
+            t0,
+        )
+    }
+
+    fn starts(out: &[Out]) -> Vec<(Conn, usize, usize, String, u16)> {
+        out.iter()
+            .filter_map(|o| match &o.msg {
+                ToAgent::Start(s) => Some((
+                    o.conn,
+                    s.node_rank,
+                    s.rank_offset,
+                    s.master_addr.clone(),
+                    s.master_port,
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_hosting_node_is_node_0_and_ranks_follow_the_nproc_of_each() {
+        let t0 = Instant::now();
+        let mut c = coord(t0, 0);
+        assert!(
+            c.join(7, hello("host1", 3, false, 111), "10.0.0.11", t0)
+                .is_empty()
+        );
+        let out = c.join(3, hello("host0", 2, true, 222), "10.0.0.10", t0);
+        assert_eq!(
+            starts(&out),
+            vec![
+                (3, 0, 0, "10.0.0.10".into(), 222),
+                (7, 1, 2, "10.0.0.10".into(), 222)
+            ]
+        );
+        let ToAgent::Start(s) = &out[1].msg else {
+            panic!()
+        };
+        assert_eq!(
+            (s.world_size, s.hosts.clone()),
+            (5, vec!["host0".into(), "host1".into()])
+        );
+        // Both end well: the job ends 0 everywhere.
+        assert!(c.ended(3, 0, 0, 1).is_empty());
+        let end = c.ended(7, 0, 0, 1);
+        assert_eq!(end.len(), 2);
+        assert!(end.iter().all(|o| o.close
+            && o.msg
+                == ToAgent::End {
+                    code: 0,
+                    cause: None
+                }));
+        assert!(c.over());
+    }
+
+    #[test]
+    fn asked_node_ranks_are_kept_and_bad_ones_refused() {
+        let t0 = Instant::now();
+        let mut c = coord(t0, 0);
+        let mut h = hello("a", 1, false, 1);
+        h.node_rank = Some(1);
+        assert!(c.join(1, h.clone(), "10.0.0.1", t0).is_empty());
+        let refused = c.join(2, h, "10.0.0.2", t0);
+        assert!(matches!(&refused[0].msg, ToAgent::Refused { why } if why.contains("taken by a")));
+        let mut other = hello("b", 1, true, 5);
+        other.run_id = "other".into();
+        assert!(
+            matches!(&c.join(3, other, "x", t0)[0].msg, ToAgent::Refused { why } if why.contains("--rdzv-id"))
+        );
+        let out = c.join(4, hello("b", 1, true, 5), "10.0.0.2", t0);
+        // Node 0 is b, whatever joined first: MASTER_ADDR is b's address.
+        assert_eq!(
+            starts(&out),
+            vec![
+                (4, 0, 0, "10.0.0.2".into(), 5),
+                (1, 1, 1, "10.0.0.2".into(), 5)
+            ]
+        );
+    }
+
+    fn running(t0: Instant, restarts: u32) -> Coordinator {
+        let mut c = coord(t0, restarts);
+        c.join(0, hello("host0", 1, true, 10), "10.0.0.10", t0);
+        c.join(1, hello("host1", 1, false, 11), "10.0.0.11", t0);
+        c
+    }
+
+    fn failure(round: u32, code: i32) -> Failure {
+        Failure {
+            round,
+            cause: "host1: rank 1 (pid 9) killed by signal 9 (SIGKILL)".into(),
+            code,
+            restartable: true,
+        }
+    }
+
+    #[test]
+    fn a_failure_stops_the_others_and_the_job_ends_with_its_code() {
+        let t0 = Instant::now();
+        let mut c = running(t0, 0);
+        let stop = c.failed(1, failure(0, 137));
+        assert_eq!(stop.len(), 1);
+        assert_eq!(stop[0].conn, 0);
+        assert!(
+            matches!(&stop[0].msg, ToAgent::Stop { round: 0, cause } if cause.contains("host1"))
+        );
+        assert!(c.ended(1, 0, 137, 12).is_empty());
+        let end = c.ended(0, 0, 143, 13);
+        assert_eq!(end.len(), 2);
+        assert!(
+            matches!(&end[0].msg, ToAgent::End { code: 137, cause: Some(c) } if c.contains("SIGKILL"))
+        );
+    }
+
+    #[test]
+    fn restarts_start_a_new_round_on_fresh_ports_until_none_are_left() {
+        let t0 = Instant::now();
+        let mut c = running(t0, 1);
+        c.failed(1, failure(0, 1));
+        c.ended(1, 0, 1, 21);
+        let again = c.ended(0, 0, 143, 20);
+        assert_eq!(
+            starts(&again),
+            vec![
+                (0, 0, 0, "10.0.0.10".into(), 20),
+                (1, 1, 1, "10.0.0.10".into(), 20)
+            ]
+        );
+        // A stale message of round 0 changes nothing.
+        assert!(c.failed(1, failure(0, 1)).is_empty());
+        c.failed(1, failure(1, 1));
+        c.ended(1, 1, 1, 23);
+        let end = c.ended(0, 1, 143, 22);
+        assert!(matches!(&end[0].msg, ToAgent::End { code: 1, .. }));
+    }
+
+    #[test]
+    fn a_silent_node_is_lost_within_the_heartbeat_timeout_and_never_restarted() {
+        let t0 = Instant::now();
+        let mut c = running(t0, 3);
+        c.seen(0, t0 + Duration::from_secs(9));
+        assert!(c.tick(t0 + Duration::from_secs(9)).is_empty());
+        let stop = c.tick(t0 + Duration::from_secs(10));
+        assert_eq!(stop.len(), 1);
+        assert!(
+            matches!(&stop[0].msg, ToAgent::Stop { cause, .. } if cause == "node 1 (host1) was lost: no heartbeat for 10 s")
+        );
+        assert_eq!(c.live(), vec![0]);
+        let end = c.ended(0, 0, 143, 1);
+        assert!(matches!(
+            &end[0].msg,
+            ToAgent::End {
+                code: 1,
+                cause: Some(_)
+            }
+        ));
+        assert!(c.over());
+    }
+
+    #[test]
+    fn a_node_lost_while_stopping_forbids_the_restart() {
+        let t0 = Instant::now();
+        let mut c = running(t0, 3);
+        c.failed(0, failure(0, 2));
+        c.ended(0, 0, 2, 1);
+        let end = c.lost(1, "connection closed");
+        assert!(matches!(&end[0].msg, ToAgent::End { code: 2, .. }));
+    }
+
+    #[test]
+    fn a_rendezvous_short_of_nodes_gives_up_naming_who_came() {
+        let t0 = Instant::now();
+        let mut c = coord(t0, 0);
+        c.join(0, hello("host0", 1, true, 1), "10.0.0.10", t0);
+        assert!(c.tick(t0 + Duration::from_secs(29)).is_empty());
+        let out = c.tick(t0 + Duration::from_secs(30));
+        assert!(
+            matches!(&out[0].msg, ToAgent::Incomplete { why } if why == "only 1 of 2 node(s) joined in 30 s (host0)")
+        );
+        // One that leaves before the start does not count.
+        let mut c = coord(t0, 0);
+        c.join(0, hello("host0", 1, true, 1), "a", t0);
+        c.lost(0, "closed");
+        assert!(c.join(1, hello("host1", 1, false, 1), "b", t0).is_empty());
+    }
+}

@@ -1,0 +1,96 @@
+//! Multi-node `run`: threadwise stays the supervisor on every node. Each
+//! node's agent joins a rendezvous at `--rdzv-endpoint` (hosted by the agent
+//! on the node that owns that address, as torchrun's c10d backend does),
+//! learns its node rank, the world size and MASTER_ADDR/MASTER_PORT (node 0's
+//! address and a port free there), and starts its own ranks with the
+//! single-node supervisor: prefixed output, logs, the job cgroup and
+//! watchdog, moved DataLoader workers, the failing rank's exit code. The
+//! ranks' own process group (torch.distributed's TCPStore at MASTER_ADDR) is
+//! torch's, as under torchrun.
+//!
+//! What crosses nodes is ours (`proto`): heartbeats both ways every second,
+//! the first failure (a rank's end, or a user's signal), stop, restart
+//! (`--max-restarts`) and end. A node silent for the heartbeat timeout is
+//! lost and ends the job on every other node, naming it.
+
+pub mod agent;
+pub mod coord;
+pub mod netif;
+pub mod proto;
+mod server;
+
+pub use agent::{AgentConfig, run};
+pub use proto::Start;
+
+/// How a multi-node job ended for this node.
+#[derive(Debug, Clone)]
+pub struct JobEnd {
+    /// The job's exit code: 0, or the first failing rank's own.
+    pub code: i32,
+    /// The root cause, when it failed: host, rank, pid, signal or code.
+    pub cause: Option<String>,
+    /// This node's last round.
+    pub start: Option<Start>,
+}
+
+/// What stops a node from taking part.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("cannot resolve the rendezvous endpoint {0}: {1}")]
+    Resolve(String, String),
+    #[error("the rendezvous host {endpoint} did not answer in {secs} s: {why}")]
+    Unreachable {
+        endpoint: String,
+        secs: u64,
+        why: String,
+    },
+    #[error("the rendezvous refused this node: {0}")]
+    Refused(String),
+    #[error("the job did not form: {0}")]
+    Incomplete(String),
+    #[error("{0}")]
+    Lost(String),
+    #[error("stopped by {}", crate::os::signal_name(*.0))]
+    Signal(i32),
+    #[error("{0}")]
+    Io(String),
+}
+
+impl ClusterError {
+    /// 3 when the job never formed, 1 when a node was lost, 128+N for a signal.
+    pub fn code(&self) -> i32 {
+        match self {
+            ClusterError::Lost(_) => 1,
+            ClusterError::Signal(s) => 128 + s,
+            _ => 3,
+        }
+    }
+
+    pub fn hint(&self) -> String {
+        match self {
+            ClusterError::Resolve(..) => {
+                "give every node an endpoint it can resolve (a host name in /etc/hosts or DNS, or an address)".into()
+            }
+            ClusterError::Unreachable { .. } => {
+                "start threadwise run on the endpoint's host too (it hosts the rendezvous), check \
+                 the address and firewall; --rdzv-timeout sets how long to wait"
+                    .into()
+            }
+            ClusterError::Incomplete(_) => {
+                "start threadwise run on every node with the same --rdzv-endpoint and --nnodes; \
+                 --rdzv-timeout sets how long to wait"
+                    .into()
+            }
+            ClusterError::Refused(_) => {
+                "give every node the same --nnodes, --rdzv-id and threadwise version".into()
+            }
+            ClusterError::Lost(_) => {
+                "this node's ranks were stopped; check the network to the rendezvous host and its \
+                 threadwise's output"
+                    .into()
+            }
+            ClusterError::Signal(_) => "".into(),
+            ClusterError::Io(_) => "check the machine's limits on threads and sockets".into(),
+        }
+    }
+}
