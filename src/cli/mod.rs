@@ -53,7 +53,10 @@ impl Failure {
 
 impl From<crate::plan::PlanError> for Failure {
     fn from(e: crate::plan::PlanError) -> Self {
-        Failure::usage(e.to_string(), e.hint())
+        Failure::usage(
+            e.to_string(),
+            crate::launch::prepare::PrepareError::Plan(e).hint(),
+        )
     }
 }
 

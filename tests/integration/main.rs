@@ -6,6 +6,7 @@ mod cli;
 mod doctor;
 mod gpus;
 mod hardening;
+mod hosts;
 mod plans;
 mod run;
 mod signals;

@@ -521,12 +521,15 @@ fn clear_errors_and_nothing_started() {
             "--nnodes",
             "2",
             "--rdzv-endpoint",
-            "127.0.0.1:29400",
-            "--torchrun",
-            "/nonexistent/torchrun",
+            "no-such-host.invalid:29400",
         ],
         3,
-        "multi-node runs go through torchrun",
+        "cannot resolve the rendezvous endpoint no-such-host.invalid:29400",
+    );
+    refused(
+        &["--rdzv-backend", "etcd"],
+        2,
+        "[possible values: c10d, static]",
     );
 }
 

@@ -178,6 +178,14 @@ fn reader(link: Arc<Link>, stream: TcpStream, tx: mpsc::Sender<ToAgent>) {
                 }
                 // The cause comes again with the End; nothing to keep.
             }
+            Ok(Some(ToAgent::Start(st))) => {
+                // Here, not when the round starts: a stop may follow at once.
+                link.round.store(st.round, Ordering::SeqCst);
+                link.stop.store(false, Ordering::SeqCst);
+                if tx.send(ToAgent::Start(st)).is_err() {
+                    return;
+                }
+            }
             Ok(Some(m)) => {
                 let end = matches!(
                     m,
@@ -342,10 +350,8 @@ fn rounds(
     loop {
         match next(rx, link, pipe, wait)? {
             ToAgent::Start(s) => {
-                link.round.store(s.round, Ordering::SeqCst);
                 *link.rank_offset.lock().unwrap_or_else(|e| e.into_inner()) = s.rank_offset;
                 *link.failed.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                link.stop.store(false, Ordering::SeqCst);
                 let code = round(&s, link.clone() as Arc<dyn Peer>);
                 let ours = link
                     .failed

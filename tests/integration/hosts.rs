@@ -1,0 +1,589 @@
+//! Multi-node on real test hosts (scripts/test-hosts.sh: network namespaces
+//! with their own addresses, hostnames and CPU sets, a real Slurm across
+//! them). One test at a time: the link-down test takes host1 off the network.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/test-hosts.sh")
+}
+
+fn bin() -> String {
+    assert_cmd::cargo::cargo_bin("threadwise")
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+static UP: OnceLock<String> = OnceLock::new();
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The hosts, up (once per test binary; `up` is idempotent), and the lock.
+fn hosts() -> MutexGuard<'static, ()> {
+    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    UP.get_or_init(|| {
+        let out = Command::new(script()).args(["up", "2"]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "test-hosts.sh up 2: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    });
+    guard
+}
+
+fn state_dir() -> PathBuf {
+    PathBuf::from(std::env::var("TW_TEST_HOSTS_DIR").unwrap_or("/run/threadwise-test-hosts".into()))
+}
+
+fn on(host: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(script());
+    c.arg("exec").arg(host).args(args);
+    c.stdin(Stdio::null());
+    c
+}
+
+/// Start `args` on `host` with its output in `dir/NAME.out`; the child's pid
+/// is the command's own (exec all the way down).
+fn start(host: &str, args: &[&str], dir: &Path, name: &str) -> Child {
+    let out = std::fs::File::create(dir.join(format!("{name}.out"))).unwrap();
+    on(host, args)
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap()
+}
+
+/// Wait for a child at most `limit`: its exit code and how long it took.
+fn finish(c: &mut Child, limit: Duration) -> (i32, Duration) {
+    let t = Instant::now();
+    loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            return (s.code().unwrap_or(-1), t.elapsed());
+        }
+        if t.elapsed() > limit {
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!("still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Wait for two children at most `limit`: each one's code and how long after
+/// `since` it ended.
+fn finish_both(
+    a: &mut Child,
+    b: &mut Child,
+    since: Instant,
+    limit: Duration,
+) -> [(i32, Duration); 2] {
+    let mut ends: [Option<(i32, Duration)>; 2] = [None, None];
+    while ends.iter().any(Option::is_none) {
+        for (i, c) in [&mut *a, &mut *b].into_iter().enumerate() {
+            if ends[i].is_none() {
+                if let Some(s) = c.try_wait().unwrap() {
+                    ends[i] = Some((s.code().unwrap_or(-1), since.elapsed()));
+                }
+            }
+        }
+        if since.elapsed() > limit {
+            let _ = a.kill();
+            let _ = b.kill();
+            panic!("still running after {limit:?}: {ends:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    [ends[0].unwrap(), ends[1].unwrap()]
+}
+
+fn read(dir: &Path, name: &str) -> String {
+    let mut s = String::new();
+    std::fs::File::open(dir.join(format!("{name}.out")))
+        .unwrap()
+        .read_to_string(&mut s)
+        .unwrap();
+    s
+}
+
+/// Processes on any host whose command line mentions `marker`.
+fn leftovers(marker: &str) -> Vec<String> {
+    let mut out = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(c) = std::fs::read(e.path().join("cmdline")) {
+            let c = String::from_utf8_lossy(&c).replace('\0', " ");
+            if c.contains(marker) && !c.contains("grep") {
+                out.push(format!("{}: {c}", e.file_name().to_string_lossy()));
+            }
+        }
+    }
+    out
+}
+
+/// Wait until `f` holds (up to 20 s).
+fn until(what: &str, f: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "waited 20 s for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A rank program: say who it is, record its pid, then sleep (or run `tail`).
+fn rank_script(dir: &Path, tail: &str) -> String {
+    let path = dir.join("rank.sh");
+    std::fs::write(
+        &path,
+        format!(
+            "echo \"$(hostname) RANK=$RANK LOCAL_RANK=$LOCAL_RANK GROUP_RANK=$GROUP_RANK \
+             WORLD_SIZE=$WORLD_SIZE MASTER=$MASTER_ADDR:$MASTER_PORT IF=$GLOO_SOCKET_IFNAME \
+             RESTART=$TORCHELASTIC_RESTART_COUNT CPUS=$(grep Cpus_allowed_list /proc/self/status | cut -f2)\"\n\
+             echo $$ > {d}/pid-$RANK\n{tail}\n",
+            d = dir.display()
+        ),
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+fn host_cpus(h: &str) -> String {
+    std::fs::read_to_string(state_dir().join(h).join("cpus"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn hosts_have_their_own_names_addresses_and_cpus() {
+    let _g = hosts();
+    let out = on(
+        "host1",
+        &[
+            "sh",
+            "-c",
+            "hostname; getent hosts host0; grep Cpus_allowed_list /proc/self/status | cut -f2; pwd",
+        ],
+    )
+    .output()
+    .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "host1");
+    assert!(lines[1].starts_with("10.77.0.10"), "{text}");
+    assert_eq!(lines[2], host_cpus("host1"));
+    assert_eq!(lines[3], env!("CARGO_MANIFEST_DIR"));
+    // host0 is reached only from the hosts, not from this machine.
+    assert!(
+        !Command::new("sh")
+            .args(["-c", "exec 3<>/dev/tcp/10.77.0.10/6817"])
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+#[test]
+fn srun_bind_places_each_task_on_its_own_hosts_cpus() {
+    let _g = hosts();
+    let b = bin();
+    let show = "echo $(hostname) $SLURM_PROCID $LOCAL_RANK $RANK/$WORLD_SIZE $(grep Cpus_allowed_list /proc/self/status | cut -f2) $OMP_NUM_THREADS $MASTER_ADDR $MASTER_PORT";
+    let out = on(
+        "host0",
+        &[
+            "srun",
+            "-N2",
+            "-n4",
+            &b,
+            "bind",
+            "--oversubscribe",
+            "--",
+            "sh",
+            "-c",
+            show,
+        ],
+    )
+    .output()
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut lines: Vec<Vec<String>> = text
+        .lines()
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect();
+    lines.sort_by_key(|w| w[1].parse::<u32>().unwrap());
+    assert_eq!(lines.len(), 4, "{text}");
+    let port = lines[0][7].clone();
+    for (i, w) in lines.iter().enumerate() {
+        let host = format!("host{}", i / 2);
+        // Each host's own plan, computed there.
+        let plan = on(&host, &[&b, "plan", "-n", "2", "--oversubscribe", "--json"])
+            .output()
+            .unwrap();
+        let plan: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
+        let r = &plan["ranks"][i % 2];
+        assert_eq!(w[0], host);
+        assert_eq!(w[2], (i % 2).to_string());
+        assert_eq!(w[3], format!("{i}/4"));
+        assert_eq!(w[4], r["cpus"].as_str().unwrap());
+        assert_eq!(w[4], host_cpus(&host), "each host's tasks on its own CPUs");
+        assert_eq!(w[5], r["threads"].to_string());
+        // MASTER_ADDR from the step's first node, one port for the job.
+        assert_eq!(w[6], "host0");
+        assert_eq!(w[7], port);
+    }
+    assert!((15000..25000).contains(&port.parse::<u32>().unwrap()));
+}
+
+#[test]
+fn run_in_a_one_cpu_srun_task_names_cpus_per_task() {
+    let _g = hosts();
+    let out = on(
+        "host0",
+        &["srun", "-N1", "-n1", &bin(), "run", "-n", "2", "--", "true"],
+    )
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("2 ranks need 2 physical cores but only 1"),
+        "{err}"
+    );
+    assert!(err.contains("srun --cpus-per-task=N"), "{err}");
+}
+
+fn agent<'a>(endpoint: &'a str, script: &'a str, extra: &[&'a str]) -> Vec<String> {
+    let mut v: Vec<String> = vec![
+        bin(),
+        "run".into(),
+        "--nnodes".into(),
+        "2".into(),
+        "-n".into(),
+        "2".into(),
+        "--oversubscribe".into(),
+        "--rdzv-endpoint".into(),
+        endpoint.into(),
+        "--grace".into(),
+        "3".into(),
+    ];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v.extend(["--".into(), "sh".into(), script.into()]);
+    v
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn run_forms_one_job_across_hosts_and_stays_the_supervisor() {
+    let _g = hosts();
+    let d = tempfile::tempdir().unwrap();
+    let s = rank_script(d.path(), "exit 0");
+    let logs = d.path().join("logs");
+    let logs_s = logs.display().to_string();
+    let a = agent("host0:29501", &s, &["--log-dir", &logs_s]);
+    // host1 first: it waits for the endpoint's own node.
+    let mut c1 = start("host1", &strs(&a), d.path(), "host1");
+    std::thread::sleep(Duration::from_millis(300));
+    let mut c0 = start("host0", &strs(&a), d.path(), "host0");
+    assert_eq!(
+        finish(&mut c0, Duration::from_secs(30)).0,
+        0,
+        "{}",
+        read(d.path(), "host0")
+    );
+    assert_eq!(
+        finish(&mut c1, Duration::from_secs(30)).0,
+        0,
+        "{}",
+        read(d.path(), "host1")
+    );
+    for (h, ranks) in [("host0", [0, 1]), ("host1", [2, 3])] {
+        let out = read(d.path(), h);
+        // threadwise's own output: the node line, prefixed global ranks, the summary.
+        assert!(
+            out.contains(&format!(
+                "{h}: node {} of 2 (host0, host1), ranks {}-{} of 4, MASTER_ADDR=10.77.0.10",
+                ranks[0] / 2,
+                ranks[0],
+                ranks[1]
+            )),
+            "{out}"
+        );
+        assert!(out.contains("threadwise: 2 rank(s) in"), "{out}");
+        for r in ranks {
+            let line = out
+                .lines()
+                .find(|l| l.starts_with(&format!("[rank {r}] {h} RANK={r} ")))
+                .unwrap_or_else(|| panic!("no line of rank {r} in {out}"));
+            assert!(
+                line.contains(&format!(
+                    "LOCAL_RANK={} GROUP_RANK={} WORLD_SIZE=4 MASTER=10.77.0.10:",
+                    r % 2,
+                    r / 2
+                )),
+                "{line}"
+            );
+            assert!(line.contains("IF=eth0"), "{line}");
+            assert!(line.ends_with(&format!("CPUS={}", host_cpus(h))), "{line}");
+        }
+        // No torchrun banner: threadwise plans the threads.
+        assert!(!out.contains("Setting OMP_NUM_THREADS"), "{out}");
+        assert!(logs.join(h).join("rank-0.stdout").is_file());
+    }
+    // The agent is threadwise itself: its process is the one we started.
+    let d2 = tempfile::tempdir().unwrap();
+    let s2 = rank_script(d2.path(), "sleep 29502");
+    let a2 = agent("host0:29502", &s2, &[]);
+    let mut c0 = start("host0", &strs(&a2), d2.path(), "host0");
+    let mut c1 = start("host1", &strs(&a2), d2.path(), "host1");
+    until("the ranks", || d2.path().join("pid-3").exists());
+    let pid = std::fs::read_to_string(d2.path().join("pid-3")).unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{}/status", pid.trim())).unwrap();
+    let ppid = status
+        .lines()
+        .find(|l| l.starts_with("PPid:"))
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        ppid,
+        c1.id().to_string(),
+        "rank 3's parent is host1's threadwise"
+    );
+    let comm = std::fs::read_to_string(format!("/proc/{ppid}/comm")).unwrap();
+    assert_eq!(comm.trim(), "threadwise");
+    unsafe { libc::kill(c0.id() as i32, libc::SIGTERM) };
+    let (code0, t0) = finish(&mut c0, Duration::from_secs(20));
+    let (code1, _) = finish(&mut c1, Duration::from_secs(20));
+    assert_eq!(
+        (code0, code1),
+        (143, 143),
+        "{}{}",
+        read(d2.path(), "host0"),
+        read(d2.path(), "host1")
+    );
+    assert!(t0 < Duration::from_secs(5), "SIGTERM took {t0:?}");
+    assert!(
+        read(d2.path(), "host1")
+            .contains("the job ended: host0: threadwise was stopped by SIGTERM")
+    );
+    until("no rank left", || leftovers("sleep 29502").is_empty());
+}
+
+#[test]
+fn srun_starts_one_agent_per_host() {
+    let _g = hosts();
+    let d = tempfile::tempdir().unwrap();
+    let s = rank_script(d.path(), "exit 0");
+    let mut a = vec![
+        "srun".to_string(),
+        "-N2".into(),
+        "--ntasks-per-node=1".into(),
+    ];
+    a.extend(agent("host0:29503", &s, &[]));
+    let out = on("host0", &strs(&a)).output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    for r in 0..4 {
+        assert!(
+            text.contains(&format!("[rank {r}] host{} RANK={r} ", r / 2)),
+            "{text}"
+        );
+    }
+}
+
+/// Start the two agents on `port`, their ranks sleeping `port` seconds (a
+/// mark to find what is left); wait for all four ranks.
+fn job(d: &Path, port: u16, extra: &[&str]) -> (Child, Child, String) {
+    let s = rank_script(d, &format!("sleep {port}"));
+    let endpoint = format!("host0:{port}");
+    let a = agent(&endpoint, &s, extra);
+    let c0 = start("host0", &strs(&a), d, "host0");
+    let c1 = start("host1", &strs(&a), d, "host1");
+    until("four ranks", || {
+        (0..4).all(|r| d.join(format!("pid-{r}")).exists())
+    });
+    (c0, c1, format!("sleep {port}"))
+}
+
+fn pid_of(d: &Path, rank: u32) -> i32 {
+    std::fs::read_to_string(d.join(format!("pid-{rank}")))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_rank_killed_on_host1_ends_both_hosts_with_its_code() {
+    let _g = hosts();
+    let d = tempfile::tempdir().unwrap();
+    let (mut c0, mut c1, s) = job(d.path(), 29504, &[]);
+    let t = Instant::now();
+    unsafe { libc::kill(pid_of(d.path(), 3), libc::SIGKILL) };
+    let [(code0, t0), (code1, t1)] = finish_both(&mut c0, &mut c1, t, Duration::from_secs(30));
+    eprintln!(
+        "rank killed on host1: host0 ended in {t0:?} (code {code0}), host1 in {t1:?} (code {code1})"
+    );
+    assert_eq!((code0, code1), (137, 137));
+    assert!(t0 < Duration::from_secs(5) && t1 < Duration::from_secs(5));
+    let h0 = read(d.path(), "host0");
+    assert!(
+        h0.contains("the job ended: host1: rank 3 (local rank 1, pid"),
+        "{h0}"
+    );
+    assert!(h0.contains("killed by signal 9 (SIGKILL)"), "{h0}");
+    assert!(read(d.path(), "host1").contains("host1: error: local rank 1 (pid"));
+    until("no rank left", || leftovers(&s).is_empty());
+}
+
+#[test]
+fn host1s_agent_killed_ends_host0_and_leaves_no_orphan() {
+    let _g = hosts();
+    let d = tempfile::tempdir().unwrap();
+    let (mut c0, mut c1, s) = job(d.path(), 29505, &[]);
+    unsafe { libc::kill(c1.id() as i32, libc::SIGKILL) };
+    let _ = c1.wait();
+    let (code0, t0) = finish(&mut c0, Duration::from_secs(30));
+    eprintln!("host1's agent SIGKILLed: host0 ended in {t0:?} (code {code0})");
+    assert_eq!(code0, 1);
+    assert!(t0 < Duration::from_secs(5), "{t0:?}");
+    let h0 = read(d.path(), "host0");
+    assert!(
+        h0.contains("the job ended: node 1 (host1) was lost: its agent's connection closed"),
+        "{h0}"
+    );
+    // host1's ranks died with their agent: nothing keeps training.
+    until("host1's ranks gone", || leftovers(&s).is_empty());
+}
+
+#[test]
+fn host1s_link_down_ends_both_hosts_within_the_heartbeat_timeout() {
+    let _g = hosts();
+    let d = tempfile::tempdir().unwrap();
+    let (mut c0, mut c1, s) = job(d.path(), 29506, &[]);
+    let t = Instant::now();
+    let down = Command::new("ip")
+        .args(["link", "set", "twv1", "down"])
+        .status()
+        .unwrap();
+    assert!(down.success());
+    let [r0, r1] = finish_both(&mut c0, &mut c1, t, Duration::from_secs(40));
+    let _ = Command::new("ip")
+        .args(["link", "set", "twv1", "up"])
+        .status();
+    // Slurm may have noticed too: resume the node for the other tests.
+    let _ = on(
+        "host0",
+        &["scontrol", "update", "nodename=host1", "state=resume"],
+    )
+    .output();
+    eprintln!(
+        "host1's link down: host0 ended in {:?} (code {}), host1 in {:?} (code {})",
+        r0.1, r0.0, r1.1, r1.0
+    );
+    let h1 = read(d.path(), "host1");
+    assert_eq!((r0.0, r1.0), (1, 1), "{h1}");
+    for t in [r0.1, r1.1] {
+        assert!(
+            t >= Duration::from_secs(9) && t < Duration::from_secs(20),
+            "{t:?}: {h1}"
+        );
+    }
+    assert!(read(d.path(), "host0").contains("node 1 (host1) was lost: no heartbeat for 10 s"));
+    let h1 = read(d.path(), "host1");
+    assert!(
+        h1.contains("error: no heartbeat from the rendezvous host host0:29506 for 10 s"),
+        "{h1}"
+    );
+    until("no rank left", || leftovers(&s).is_empty());
+}
+
+#[test]
+fn a_rendezvous_host_that_never_comes_ends_the_others_at_the_timeout() {
+    let _g = hosts();
+    let d = tempfile::tempdir().unwrap();
+    let s = rank_script(d.path(), "sleep 300");
+    let a = agent("host0:29507", &s, &["--rdzv-timeout", "4"]);
+    let mut c1 = start("host1", &strs(&a), d.path(), "host1");
+    let (code, t) = finish(&mut c1, Duration::from_secs(20));
+    eprintln!("rendezvous host never came: host1 ended in {t:?} (code {code})");
+    assert_eq!(code, 3);
+    assert!(
+        t >= Duration::from_secs(4) && t < Duration::from_secs(8),
+        "{t:?}"
+    );
+    assert!(
+        read(d.path(), "host1")
+            .contains("error: the rendezvous host host0:29507 did not answer in 4 s")
+    );
+    // The host came and went before host1 joined: the same.
+    let mut c0 = start("host0", &strs(&a), d.path(), "host0");
+    std::thread::sleep(Duration::from_millis(500));
+    unsafe { libc::kill(c0.id() as i32, libc::SIGKILL) };
+    let _ = c0.wait();
+    let mut c1 = start("host1", &strs(&a), d.path(), "host1");
+    let (code, t) = finish(&mut c1, Duration::from_secs(20));
+    assert_eq!(code, 3, "{}", read(d.path(), "host1"));
+    assert!(t < Duration::from_secs(8));
+    // And the host alone gives up naming who came.
+    let mut c0 = start("host0", &strs(&a), d.path(), "host0");
+    assert_eq!(finish(&mut c0, Duration::from_secs(20)).0, 3);
+    assert!(
+        read(d.path(), "host0")
+            .contains("error: the job did not form: only 1 of 2 node(s) joined in 4 s (host0)")
+    );
+    assert!(leftovers(&s).is_empty());
+}
+
+#[test]
+fn max_restarts_restarts_every_hosts_ranks() {
+    let _g = hosts();
+    let d = tempfile::tempdir().unwrap();
+    // Rank 3 fails on the first attempt only.
+    let tail = "sleep 1\n[ \"$RANK$TORCHELASTIC_RESTART_COUNT\" = 30 ] && exit 7\nsleep 1";
+    let s = rank_script(d.path(), tail);
+    let a = agent("host0:29508", &s, &["--max-restarts", "1"]);
+    let mut c0 = start("host0", &strs(&a), d.path(), "host0");
+    let mut c1 = start("host1", &strs(&a), d.path(), "host1");
+    let (code0, _) = finish(&mut c0, Duration::from_secs(40));
+    let (code1, _) = finish(&mut c1, Duration::from_secs(40));
+    let (h0, h1) = (read(d.path(), "host0"), read(d.path(), "host1"));
+    assert_eq!((code0, code1), (0, 0), "{h0}{h1}");
+    for (h, out) in [("host0", &h0), ("host1", &h1)] {
+        assert!(out.contains("(restart 1 of 1)"), "{out}");
+        assert_eq!(
+            out.matches(&format!("] {h} RANK=")).count(),
+            4,
+            "two rounds of two ranks: {out}"
+        );
+        assert!(out.contains("RESTART=1"), "{out}");
+    }
+    assert!(h1.contains("exited with code 7"));
+    // Out of restarts, the job ends with the rank's own code.
+    let d = tempfile::tempdir().unwrap();
+    let s = rank_script(d.path(), "[ $RANK = 3 ] && exit 7\nsleep 2");
+    let a = agent("host0:29509", &s, &["--max-restarts", "1"]);
+    let mut c0 = start("host0", &strs(&a), d.path(), "host0");
+    let mut c1 = start("host1", &strs(&a), d.path(), "host1");
+    assert_eq!(finish(&mut c0, Duration::from_secs(40)).0, 7);
+    assert_eq!(finish(&mut c1, Duration::from_secs(40)).0, 7);
+}
