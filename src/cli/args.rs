@@ -314,6 +314,9 @@ pub struct RunCmd {
     /// A node (or the rendezvous host) silent this long is lost, and the job ends
     #[arg(long, default_value = "10", value_name = "SECS", value_parser = parse_wait)]
     pub heartbeat_timeout: Duration,
+    /// Print this node's CPU and GPU use after each round (for tune --nnodes)
+    #[arg(long, hide = true)]
+    pub report_node: bool,
     /// Restarts of every node's ranks after a rank fails (multi-node, as torchrun)
     #[arg(long, alias = "max_restarts", default_value_t = 0)]
     pub max_restarts: u32,

@@ -168,6 +168,32 @@ pub fn run(a: &RunCmd, p: &Plan, t: &Topology, program: PathBuf) -> Result<Exit,
     Ok(Exit(end.code))
 }
 
+/// The node's use in this round, for `tune --nnodes` (one line on stderr).
+fn report_node(
+    host: &str,
+    s: &Start,
+    p: &Plan,
+    t: &Topology,
+    o: &supervise::Outcome,
+    gpu: Option<crate::measure::gpu::GpuSample>,
+) {
+    let u = crate::tune::NodeUsage {
+        host: host.to_string(),
+        node_rank: s.node_rank,
+        ranks: p.nproc,
+        wall_s: o.wall.as_secs_f64(),
+        cpu_s: o.results.iter().map(|r| r.cpu.as_secs_f64()).sum(),
+        cpu_budget: t.cpu_budget,
+        voluntary_cs: o.results.iter().map(|r| r.voluntary_cs).sum(),
+        involuntary_cs: o.results.iter().map(|r| r.involuntary_cs).sum(),
+        peak_rss_kib: o.results.iter().map(|r| r.max_rss_kib).sum(),
+        gpu_util_pct: gpu.and_then(|g| g.util_pct),
+    };
+    if let Ok(json) = serde_json::to_string(&u) {
+        crate::say!("{}{json}", crate::tune::nodes::NODE_LINE);
+    }
+}
+
 /// One round on this node: its ranks, supervised; returns their exit code.
 #[allow(clippy::too_many_arguments)]
 fn node_round(
@@ -217,6 +243,16 @@ fn node_round(
             return 3;
         }
     };
+    let mut gpu = a
+        .report_node
+        .then(crate::measure::gpu::GpuSampler::new)
+        .flatten();
+    if let Some(g) = &mut gpu {
+        let mut buses: Vec<String> = p.ranks.iter().filter_map(|r| r.gpu.clone()).collect();
+        buses.sort();
+        buses.dedup();
+        g.start(buses, Default::default());
+    }
     match supervise_ranks(
         a,
         p,
@@ -230,6 +266,9 @@ fn node_round(
         Ok(o) => {
             if !a.quiet {
                 crate::say_text!(supervise::summary(&o));
+            }
+            if a.report_node {
+                report_node(&host, s, p, t, &o, gpu.map(|mut g| g.stop()));
             }
             if let Some(r) = supervise::failure_report(&o, Some(&errors.dir)) {
                 // Local rank numbers, named as such beside the host.

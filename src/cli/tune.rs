@@ -110,6 +110,65 @@ fn winner_plan(
     Some(p)
 }
 
+/// `tune --nnodes N`: trials through srun on the allocation's nodes.
+fn nodes_runner(
+    nnodes: usize,
+    argv: Vec<OsString>,
+    timeout: Duration,
+) -> Result<crate::tune::nodes::NodesRunner, Failure> {
+    let env = |k: &str| std::env::var(k).ok();
+    let Some(job) = env("SLURM_JOB_ID") else {
+        return Err(Failure::usage(
+            format!(
+                "tune --nnodes {nnodes} runs each trial through srun, outside a Slurm allocation here"
+            ),
+            format!(
+                "run it inside one: salloc -N{nnodes} --exclusive threadwise tune --nnodes {nnodes} ..., or from an sbatch script"
+            ),
+        ));
+    };
+    let have: usize = env("SLURM_JOB_NUM_NODES")
+        .or_else(|| env("SLURM_NNODES"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    if have < nnodes {
+        return Err(Failure::usage(
+            format!("--nnodes {nnodes}, but Slurm job {job} has {have} node(s)"),
+            format!("allocate {nnodes} nodes (salloc -N{nnodes}) or tune fewer"),
+        ));
+    }
+    let srun = crate::launch::resolve(&"srun".into())?;
+    let list = env("SLURM_JOB_NODELIST").or_else(|| env("SLURM_NODELIST"));
+    let Some(first) = list.as_deref().and_then(crate::launch::detect::first_host) else {
+        return Err(Failure::env(
+            "SLURM_JOB_NODELIST is unset or unreadable",
+            "run tune inside salloc or sbatch, which set it",
+        ));
+    };
+    let me = std::env::current_exe().map_err(|e| {
+        Failure::env(
+            format!("cannot find this binary: {e}"),
+            "run threadwise by its path",
+        )
+    })?;
+    let cpus = env("SLURM_JOB_CPUS_PER_NODE")
+        .as_deref()
+        .and_then(crate::tune::nodes::min_cpus_per_node);
+    // A port per trial from the job id, the same way on every node.
+    let digits: String = job.chars().filter(char::is_ascii_digit).collect();
+    let tail: u16 = digits[digits.len().saturating_sub(3)..]
+        .parse()
+        .unwrap_or(0);
+    let port = 30000 + tail * 20;
+    crate::say!(
+        "threadwise: tuning on {nnodes} node(s) of Slurm job {job} ({}), each trial one srun step; rendezvous on {first}",
+        list.unwrap_or_default()
+    );
+    Ok(crate::tune::nodes::NodesRunner::new(
+        nnodes, srun, me, first, cpus, argv, timeout, port,
+    ))
+}
+
 /// A seed from the clock, for a run that was given none.
 fn clock_seed() -> u64 {
     std::time::SystemTime::now()
@@ -184,14 +243,18 @@ pub fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
         .collect();
     let report = new_report(shown, base_plan.nproc, topo.source.clone(), topo.cpu_budget);
     rewrite(&files, &report)?;
-    let mut runner = Runner::new(
-        topo.clone(),
-        facts.clone(),
-        argv,
-        a.timeout,
-        Duration::from_secs(5),
-        GpuSampler::new(),
-    );
+    let mut runner: Box<dyn crate::tune::TrialRunner> = if base.nnodes > 1 {
+        Box::new(nodes_runner(base.nnodes, argv, a.timeout)?)
+    } else {
+        Box::new(Runner::new(
+            topo.clone(),
+            facts.clone(),
+            argv,
+            a.timeout,
+            Duration::from_secs(5),
+            GpuSampler::new(),
+        ))
+    };
     let opts = TuneOptions {
         // The default search combines what beat the plan; a --grid is measured as given.
         combine: a.grid.is_empty().then(|| base.clone()),
@@ -208,7 +271,7 @@ pub fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
     };
     let bar = progress_bar();
     let mut write_error = None;
-    let report = tune(&configs, report, &opts, &mut runner, &mut |e| match e {
+    let report = tune(&configs, report, &opts, runner.as_mut(), &mut |e| match e {
         Event::Start { total } => bar.set_length(total as u64),
         Event::TrialStart {
             config,

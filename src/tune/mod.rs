@@ -10,6 +10,7 @@ pub mod export;
 pub mod grid;
 pub mod metric;
 mod model;
+pub mod nodes;
 mod outcome;
 pub mod rates;
 pub mod report;

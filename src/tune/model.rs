@@ -96,6 +96,8 @@ pub struct TrialOutcome {
     /// None where /proc/stat could not be read.
     pub outside_cpu: Option<Duration>,
     pub steal: Option<Duration>,
+    /// Multi-node trials: every node's report, by node rank.
+    pub nodes: Vec<NodeUsage>,
 }
 
 impl TrialOutcome {
@@ -106,6 +108,48 @@ impl TrialOutcome {
             ..Default::default()
         }
     }
+}
+
+/// One node's part of a multi-node trial, as its agent reported it
+/// (`threadwise run --report-node`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeUsage {
+    pub host: String,
+    pub node_rank: usize,
+    pub ranks: usize,
+    pub wall_s: f64,
+    /// CPU seconds of the node's ranks and their children.
+    pub cpu_s: f64,
+    /// The node's CPU budget (allowed CPUs capped by its cgroup quota).
+    pub cpu_budget: f64,
+    pub voluntary_cs: i64,
+    pub involuntary_cs: i64,
+    pub peak_rss_kib: i64,
+    /// Mean utilisation of the node's GPUs that the plan used, where NVML answers.
+    pub gpu_util_pct: Option<f64>,
+}
+
+impl NodeUsage {
+    /// CPU % of the node's budget.
+    pub fn cpu_util_pct(&self) -> f64 {
+        100.0 * self.cpu_s / (self.wall_s.max(1e-9) * self.cpu_budget.max(1e-9))
+    }
+}
+
+/// A node's figures in one trial.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeTrial {
+    pub host: String,
+    pub cpu_util_pct: f64,
+    pub gpu_util_pct: Option<f64>,
+}
+
+/// A node's figures over a configuration's trials (medians).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeSummary {
+    pub host: String,
+    pub cpu_util_pct: Option<f64>,
+    pub gpu_util_pct: Option<f64>,
 }
 
 /// Runs one configuration once, applying `metric` to the output as it streams.
@@ -277,6 +321,9 @@ pub struct Trial {
     /// something else took.
     #[serde(default)]
     pub disturbance: Option<f64>,
+    /// Multi-node trials: each node's CPU and GPU use, by node rank.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeTrial>,
     /// disturbance above DISTURBED.
     #[serde(default)]
     pub disturbed: bool,
@@ -325,6 +372,9 @@ pub struct ConfigResult {
     pub gpu_mem_mib: Option<f64>,
     #[serde(default)]
     pub gpu_job_mem_mib: Option<f64>,
+    /// Multi-node: each node's CPU and GPU use (medians of its trials).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeSummary>,
     /// Its paired interval against the winner holds 1.00: the data cannot
     /// tell them apart.
     pub indistinguishable_from_winner: bool,
@@ -375,6 +425,9 @@ pub struct TuneReport {
     /// The machine's speed changed during the run (see stats::drift).
     #[serde(default)]
     pub drift: Option<super::stats::Drift>,
+    /// Multi-node: the hosts that took part, by node rank.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
 }
 
 impl TuneReport {
@@ -447,6 +500,7 @@ impl ConfigResult {
             role,
             options,
             throughput: None,
+            nodes: vec![],
             speedup: None,
             speedup_low: None,
             speedup_high: None,
@@ -494,5 +548,6 @@ pub fn new_report(
         interval_level: 0.95,
         tie: None,
         drift: None,
+        hosts: vec![],
     }
 }

@@ -2,8 +2,8 @@
 //! trial, then every configuration's summaries, speed-ups and the winner.
 
 use super::model::{
-    ConfigResult, DISTURBED, MetricSource, Tie, TrialEnd, TrialOutcome, TrialStatus, TuneReport,
-    Warning,
+    ConfigResult, DISTURBED, MetricSource, NodeSummary, NodeTrial, Tie, TrialEnd, TrialOutcome,
+    TrialStatus, TuneReport, Warning,
 };
 use super::stats::{self, Verdict, summarize};
 use super::{Trial, TuneConfig};
@@ -72,13 +72,30 @@ pub(super) fn trial(
         (Some(x), Some(y)) => Some((x + y) / (wall * budget.max(1e-9))),
         _ => None,
     };
+    // Multi-node: CPU % of every node's budget together, and each node's own.
+    let cpu_util_pct = if o.nodes.is_empty() {
+        100.0 * o.cpu.as_secs_f64() / (wall * budget.max(1e-9))
+    } else {
+        let cpu: f64 = o.nodes.iter().map(|n| n.cpu_s).sum();
+        let capacity: f64 = o.nodes.iter().map(|n| n.wall_s * n.cpu_budget).sum();
+        100.0 * cpu / capacity.max(1e-9)
+    };
     Trial {
         round,
         status,
         throughput,
         hit: o.hit.clone(),
         wall_s: wall,
-        cpu_util_pct: 100.0 * o.cpu.as_secs_f64() / (wall * budget.max(1e-9)),
+        cpu_util_pct,
+        nodes: o
+            .nodes
+            .iter()
+            .map(|n| NodeTrial {
+                host: n.host.clone(),
+                cpu_util_pct: n.cpu_util_pct(),
+                gpu_util_pct: n.gpu_util_pct,
+            })
+            .collect(),
         voluntary_cs_per_s: o.voluntary_cs as f64 / wall,
         involuntary_cs_per_s: o.involuntary_cs as f64 / wall,
         peak_rss_mib: o.peak_rss_kib as f64 / 1024.0,
@@ -96,6 +113,29 @@ pub(super) fn trial(
         disturbance,
         disturbed: disturbance.is_some_and(|d| d > DISTURBED),
     }
+}
+
+/// Each node's medians over the successful trials, by node rank (the first
+/// trial's hosts).
+fn node_summaries(trials: &[Trial]) -> Vec<NodeSummary> {
+    let Some(first) = trials.iter().find(|t| !t.nodes.is_empty()) else {
+        return vec![];
+    };
+    first
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let of = |f: &dyn Fn(&NodeTrial) -> Option<f64>| {
+                median_of(trials, |t| t.nodes.get(i).and_then(f))
+            };
+            NodeSummary {
+                host: n.host.clone(),
+                cpu_util_pct: of(&|n| Some(n.cpu_util_pct)),
+                gpu_util_pct: of(&|n| n.gpu_util_pct),
+            }
+        })
+        .collect()
 }
 
 fn median_of(trials: &[Trial], f: impl Fn(&Trial) -> Option<f64>) -> Option<f64> {
@@ -153,6 +193,15 @@ pub fn finish(report: &mut TuneReport) {
             .iter()
             .filter_map(|t| t.gpu_job_mem_mib)
             .reduce(f64::max);
+        c.nodes = node_summaries(&c.trials);
+    }
+    if let Some(t) = report
+        .configs
+        .iter()
+        .flat_map(|c| &c.trials)
+        .find(|t| !t.nodes.is_empty())
+    {
+        report.hosts = t.nodes.iter().map(|n| n.host.clone()).collect();
     }
     compare(report);
 }

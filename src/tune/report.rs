@@ -197,6 +197,52 @@ fn read_from(r: &TuneReport) -> String {
 }
 
 /// The table and what to know about it.
+/// Multi-node: CPU % (and GPU %) per node and in total, per configuration
+/// (medians of its trials; each node's CPU % of its own budget).
+pub fn node_table(r: &TuneReport) -> String {
+    let gpus = r
+        .configs
+        .iter()
+        .flat_map(|c| &c.nodes)
+        .any(|n| n.gpu_util_pct.is_some());
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    let mut head = vec!["configuration".to_string()];
+    for h in &r.hosts {
+        head.push(format!("CPU % {h}"));
+    }
+    head.push("CPU % total".into());
+    if gpus {
+        for h in &r.hosts {
+            head.push(format!("GPU % {h}"));
+        }
+        head.push("GPU % total".into());
+    }
+    t.set_header(head);
+    for c in &r.configs {
+        let mut row = vec![c.name.clone()];
+        let cell = |i: usize, gpu: bool| {
+            let n = c.nodes.get(i);
+            opt(
+                n.and_then(|n| if gpu { n.gpu_util_pct } else { n.cpu_util_pct }),
+                |v| format!("{v:.0}"),
+            )
+        };
+        for i in 0..r.hosts.len() {
+            row.push(cell(i, false));
+        }
+        row.push(opt(c.cpu_util_pct, |v| format!("{v:.0}")));
+        if gpus {
+            for i in 0..r.hosts.len() {
+                row.push(cell(i, true));
+            }
+            row.push(opt(c.gpu_util_pct, |v| format!("{v:.0}")));
+        }
+        t.add_row(row);
+    }
+    format!("per node:\n{t}\n")
+}
+
 pub fn render(r: &TuneReport) -> String {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
@@ -213,6 +259,19 @@ pub fn render(r: &TuneReport) -> String {
     ]);
     for c in &r.configs {
         t.add_row(row(r, c));
+    }
+    if !r.hosts.is_empty() {
+        return format!(
+            "{} node(s) ({}), {} rank(s) per node, {} run(s) each after {} warm-up; CPU % is of \
+             every node's budget together\n{t}\n{}{}",
+            r.hosts.len(),
+            r.hosts.join(", "),
+            r.nproc,
+            r.runs,
+            r.warmup,
+            node_table(r),
+            notes(r)
+        );
     }
     format!(
         "{} rank(s) on {}, CPU budget {:.2}, {} run(s) each after {} warm-up; CPU % is of the budget\n{t}\n{}",

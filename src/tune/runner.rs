@@ -188,6 +188,7 @@ impl super::TrialRunner for Runner {
             gpu_others: gpu.map(|g| g.others).unwrap_or_default(),
             outside_cpu: outside,
             steal,
+            nodes: vec![],
         }
     }
 }

@@ -587,3 +587,93 @@ fn max_restarts_restarts_every_hosts_ranks() {
     assert_eq!(finish(&mut c0, Duration::from_secs(40)).0, 7);
     assert_eq!(finish(&mut c1, Duration::from_secs(40)).0, 7);
 }
+
+#[test]
+fn tune_across_two_hosts_reads_rank_0_and_measures_each_node() {
+    let _g = hosts();
+    let d = tempfile::tempdir().unwrap();
+    // Rank 0 (host0) is busy half its second, rank 1 (host1) all of it; only
+    // global rank 0's throughput counts.
+    let s = d.path().join("work.sh");
+    std::fs::write(
+        &s,
+        "if [ \"$RANK\" = 0 ]; then timeout 0.5 sh -c 'while :; do :; done'; sleep 0.5; \
+         echo 'threadwise: throughput=111 samples/s'; \
+         else timeout 1 sh -c 'while :; do :; done'; echo 'threadwise: throughput=999 samples/s'; fi\n",
+    )
+    .unwrap();
+    let json = d.path().join("tune.json");
+    let out = on(
+        "host0",
+        &[
+            "salloc",
+            "-N2",
+            "--exclusive",
+            &bin(),
+            "tune",
+            "--nnodes",
+            "2",
+            "-n",
+            "1",
+            "--grid",
+            "threads=1",
+            "--runs",
+            "2",
+            "--max-runs",
+            "2",
+            "--export-json",
+            json.to_str().unwrap(),
+            "--",
+            "sh",
+            s.to_str().unwrap(),
+        ],
+    )
+    .output()
+    .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("2 node(s) (host0, host1), 1 rank(s) per node"),
+        "{text}"
+    );
+    assert!(
+        text.contains("per node:") && text.contains("CPU % host1"),
+        "{text}"
+    );
+    assert!(text.contains("winner: "), "{text}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(r["hosts"], serde_json::json!(["host0", "host1"]));
+    for c in r["configs"].as_array().unwrap() {
+        for t in c["trials"].as_array().unwrap() {
+            assert_eq!(t["status"], "ok", "{t}");
+            assert_eq!(t["throughput"], 111.0, "rank 0's figure, not rank 1's: {t}");
+            let cpu = |i: usize| t["nodes"][i]["cpu_util_pct"].as_f64().unwrap();
+            assert!(
+                (35.0..65.0).contains(&cpu(0)),
+                "host0 busy half the time: {t}"
+            );
+            assert!(
+                (75.0..105.0).contains(&cpu(1)),
+                "host1 busy all the time: {t}"
+            );
+            assert_eq!(t["nodes"][1]["host"], "host1");
+        }
+    }
+}
+
+#[test]
+fn tune_across_nodes_outside_an_allocation_says_how() {
+    let out = super::threadwise()
+        .env_remove("SLURM_JOB_ID")
+        .args(["tune", "--nnodes", "2", "-n", "1", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("tune --nnodes 2 runs each trial through srun"),
+        "{err}"
+    );
+    assert!(err.contains("salloc -N2"), "{err}");
+}
