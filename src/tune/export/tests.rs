@@ -26,6 +26,7 @@ fn trial(round: usize, v: f64) -> Trial {
         steal_s: Some(0.0),
         disturbance: Some(0.01),
         disturbed: false,
+        nodes: vec![],
     }
 }
 
