@@ -176,6 +176,18 @@ pub fn bind_cmd(a: BindCmd) -> Result<Exit, Failure> {
     }
     let t = load(&SourceArgs::default())?;
     let (p, l) = prepare::bind_launch(t, request(&a.plan), &a.command, &current)?;
+    // Said once per job (by task 0), not once per task.
+    let derived: Vec<String> = ["MASTER_ADDR", "MASTER_PORT"]
+        .iter()
+        .filter(|k| current(k).is_none())
+        .filter_map(|k| Some(format!("{k}={}", l.env.get(*k)?)))
+        .collect();
+    if !derived.is_empty() && !a.dry_run && current("SLURM_PROCID").as_deref() == Some("0") {
+        crate::say!(
+            "threadwise: {} (unset: from the step's first node and 15000 + the job id's last 4 digits, as Lightning does)",
+            derived.join(" ")
+        );
+    }
     if a.dry_run {
         let one = Plan {
             nproc: 1,

@@ -303,6 +303,7 @@ pub fn network(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Find
         };
         out.push(f);
     }
+    ifname_route(sys, req, out);
     if topo.nics.len() > 1
         && sys.env("NCCL_SOCKET_IFNAME").is_none()
         && sys.env("GLOO_SOCKET_IFNAME").is_none()
@@ -326,6 +327,36 @@ pub fn network(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Find
                     .join(", "),
             )
             .fix("export NCCL_SOCKET_IFNAME=eth0 GLOO_SOCKET_IFNAME=eth0   # the interface the nodes share"),
+        );
+    }
+}
+
+/// GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME against the interface that
+/// reaches the rendezvous host (--rdzv-endpoint, else MASTER_ADDR).
+fn ifname_route(sys: &dyn Sys, req: &Request, out: &mut Vec<Finding>) {
+    let host = req
+        .rdzv_endpoint
+        .as_deref()
+        .and_then(|e| e.rsplit_once(':'))
+        .map(|(h, _)| h.trim_matches(['[', ']']).to_string())
+        .or_else(|| sys.env("MASTER_ADDR"));
+    let Some(host) = host else { return };
+    let Some(via) = sys.route(&host) else { return };
+    for var in crate::launch::cluster::netif::IFNAME_VARS {
+        let Some(v) = sys.env(var) else { continue };
+        let id = format!("network.{}", var.to_lowercase());
+        out.push(
+            match crate::launch::cluster::netif::decide(var, &via, Some(&v)) {
+                Err(why) => Finding::new(&id, Area::Network, Severity::Warn, why)
+                    .evidence(format!("{host} is routed through {via}; {var}={v}"))
+                    .fix(format!("export {var}={via}")),
+                Ok(_) => Finding::new(
+                    &id,
+                    Area::Network,
+                    Severity::Ok,
+                    format!("{var}={v} reaches the rendezvous host {host}"),
+                ),
+            },
         );
     }
 }

@@ -42,6 +42,8 @@ pub trait Sys {
     fn nvml(&self) -> Nvml;
     /// Resolve a host name (bounded in time).
     fn resolve(&self, host: &str, port: u16) -> Result<(), String>;
+    /// The network interface the kernel routes `host` through.
+    fn route(&self, host: &str) -> Option<String>;
     /// The allocator libraries installed (and those not safe to preload).
     fn allocators(&self) -> crate::host::AllocatorSearch;
 }
@@ -137,6 +139,9 @@ impl Sys for RealSys {
     fn allocators(&self) -> crate::host::AllocatorSearch {
         crate::host::find_allocators()
     }
+    fn route(&self, host: &str) -> Option<String> {
+        crate::launch::cluster::netif::route_to(host).map(|(name, _)| name)
+    }
 }
 
 /// A machine made of maps, for tests.
@@ -151,6 +156,8 @@ pub struct FakeSys {
     pub nvml: Nvml,
     pub hosts: Vec<String>,
     pub allocators: Vec<crate::plan::Allocator>,
+    /// Host -> the interface that reaches it.
+    pub routes: BTreeMap<String, String>,
 }
 
 impl FakeSys {
@@ -204,5 +211,8 @@ impl Sys for FakeSys {
             found: self.allocators.clone(),
             skipped: vec![],
         }
+    }
+    fn route(&self, host: &str) -> Option<String> {
+        self.routes.get(host).cloned()
     }
 }

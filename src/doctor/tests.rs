@@ -352,6 +352,24 @@ fn cases() -> Vec<Case> {
             }),
         ),
         (
+            "network.gloo_socket_ifname",
+            Box::new(|| {
+                let mut s = base()
+                    .var("MASTER_ADDR", "10.0.0.1")
+                    .var("GLOO_SOCKET_IFNAME", "ib0");
+                s.routes.insert("10.0.0.1".into(), "eth0".into());
+                (s, topo("core:4"), n(1))
+            }),
+            Severity::Warn,
+            Box::new(|| {
+                let mut s = base()
+                    .var("MASTER_ADDR", "10.0.0.1")
+                    .var("GLOO_SOCKET_IFNAME", "eth0");
+                s.routes.insert("10.0.0.1".into(), "eth0".into());
+                (s, topo("core:4"), n(1))
+            }),
+        ),
+        (
             "allocator.preload",
             // The guides' advice on Debian 12: a file that does not exist.
             Box::new(|| {

@@ -677,3 +677,34 @@ fn tune_across_nodes_outside_an_allocation_says_how() {
     );
     assert!(err.contains("salloc -N2"), "{err}");
 }
+
+#[test]
+fn doctor_on_a_host_flags_an_interface_that_does_not_reach_master() {
+    let _g = hosts();
+    let run = |ifname: &str| {
+        let out = on(
+            "host1",
+            &[
+                "env",
+                "MASTER_ADDR=host0",
+                &format!("GLOO_SOCKET_IFNAME={ifname}"),
+                &bin(),
+                "doctor",
+            ],
+        )
+        .output()
+        .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let bad = run("lo");
+    assert!(
+        bad.contains("GLOO_SOCKET_IFNAME=lo, but the rendezvous host is reached through eth0"),
+        "{bad}"
+    );
+    assert!(bad.contains("export GLOO_SOCKET_IFNAME=eth0"), "{bad}");
+    let good = run("eth0");
+    assert!(
+        !good.contains("but the rendezvous host is reached through"),
+        "{good}"
+    );
+}
