@@ -169,6 +169,12 @@ def main():
             f"loss: {loss.item():.4f}  world: {world}",
             flush=True,
         )
+    # DDP all-reduces the gradients: every rank of one job ends with the same
+    # parameters and gradients (the multi-node check compares these).
+    with torch.no_grad():
+        psum = sum(float(p.double().sum()) for p in model.parameters())
+        gsum = sum(float(p.grad.double().sum()) for p in model.parameters() if p.grad is not None)
+    print(f"rank {rank}/{world} checksum params {psum:.10e} grads {gsum:.10e}", flush=True)
     dist.destroy_process_group()
 
 

@@ -2,7 +2,8 @@
 # Opt-in end-to-end test with real PyTorch from PyPI (~5 GB with its CUDA
 # libraries; runs on CPU with gloo): the DDP example three ways, torchrun,
 # threadwise run, torchrun --no-python threadwise bind, plus a two-agent
-# multi-node run on this machine, and the wheel's Python helper placing real
+# multi-node run on this machine and one across two test hosts (network
+# namespaces, scripts/test-hosts.sh), and the wheel's Python helper placing real
 # DataLoader workers under bind. Prints each throughput; fails on any error.
 #   scripts/pytorch-e2e.sh [STEPS]
 set -euo pipefail
@@ -57,6 +58,23 @@ wait
 cat "$out/node0.log" "$out/node1.log" >"$out/nodes.log"
 check "threadwise run --nnodes 2 (two agents)" "$out/nodes.log"
 grep -q "rank 1/2" "$out/nodes.log" || { echo "FAIL: the second node's rank did not join"; exit 1; }
+# Two test hosts (network namespaces, their own addresses and names): real DDP
+# (gloo) across them, each host's ranks supervised by its own threadwise; the
+# ranks of one job end with the same parameters and gradients.
+scripts/test-hosts.sh up 2 >/dev/null
+for h in 0 1; do
+  scripts/test-hosts.sh exec "host$h" "$tw" run --nnodes 2 -n 1 --rdzv-endpoint host0:29650 \
+    -- python "$ex" --steps 5 >"$out/host$h.log" 2>&1 &
+done
+wait
+cat "$out/host0.log" "$out/host1.log" >"$out/hosts.log"
+check "threadwise run --nnodes 2 (two test hosts)" "$out/hosts.log"
+sums=$(grep -o 'checksum params .*' "$out/hosts.log" | sort -u)
+n=$(grep -c 'checksum params' "$out/hosts.log")
+[ "$n" = 2 ] && [ "$(echo "$sums" | wc -l)" = 1 ] || { echo "FAIL: the hosts' ranks disagree: $(grep checksum "$out/hosts.log")"; exit 1; }
+grep -q '^threadwise: host1: node 1 of 2' "$out/host1.log" || { echo "FAIL: host1 was not node 1"; cat "$out/host1.log"; exit 1; }
+printf '    %s (both ranks)\n' "$sums"
+
 # The wheel's helper under bind: every real DataLoader worker lands on its
 # rank's THREADWISE_WORKER_CPUS with one thread (bind leaves no mover behind).
 ls dist/threadwise-*.whl >/dev/null 2>&1 || scripts/wheel.sh >/dev/null
@@ -72,4 +90,4 @@ assert not bad, f"workers off their planned CPUs or threads: {bad}"
 for w, l, cpus, threads, _ in sorted(set(lines)):
     print(f"    worker {w} of local {l}: cpus {cpus} (planned), torch threads {threads}")
 PY
-echo "6 passed, 0 failed"
+echo "7 passed, 0 failed"

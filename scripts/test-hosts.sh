@@ -32,14 +32,15 @@ die() { echo "test-hosts: error: $*" >&2; exit 2; }
 
 preflight() {
   [ "$(id -u)" = 0 ] || die "must run as root (namespaces, cgroups, a bridge); hint: sudo $0 $*"
-  command -v unshare >/dev/null && command -v nsenter >/dev/null || die "unshare/nsenter not found; hint: apt-get install util-linux"
-  command -v ip >/dev/null || die "ip not found; hint: apt-get install iproute2"
   [ -e /proc/self/ns/net ] || die "this kernel has no network namespaces (CONFIG_NET_NS)"
-  if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
-    echo "test-hosts: installing slurm-wlm and munge" >&2
+  if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null || ! command -v ip >/dev/null; then
+    echo "test-hosts: installing slurm-wlm, munge and iproute2" >&2
     apt-get update -qq >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge iproute2 >/dev/null
   fi
+  command -v unshare >/dev/null && command -v nsenter >/dev/null || die "unshare/nsenter not found; hint: apt-get install util-linux"
+  command -v ip >/dev/null || die "ip not found; hint: apt-get install iproute2"
+  unshare --net true 2>/dev/null || die "cannot create a network namespace here (a container without CAP_SYS_ADMIN?)"
 }
 
 # The cgroup directories of host $1 (v1: cpuset and pids hierarchies; v2: one).

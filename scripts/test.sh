@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian machine as root: installs what the
 # tests need (hwloc's lstopo as the topology oracle, Open MPI's mpirun, the
-# jemalloc and tcmalloc libraries, a one-node Slurm), then fmt, clippy, tests,
+# jemalloc and tcmalloc libraries, a one-node Slurm, two test hosts with a
+# Slurm across them), then fmt, clippy, tests,
 # then the wheel (scripts/test-wheel.sh: build, platform checks, a fresh venv
 # running the main job, the Python helper's pytest tests).
 set -euo pipefail
@@ -24,6 +25,10 @@ if ! command -v srun >/dev/null || ! pgrep -x slurmctld >/dev/null || ! pgrep -x
   command -v srun >/dev/null || apt-get update -qq
   bash scripts/slurm-single-node.sh >/dev/null
 fi
+# Two test hosts (network namespaces with a Slurm across them) for the
+# multi-node tests; taken down when the suite ends, whatever its result.
+scripts/test-hosts.sh up 2 >/dev/null
+trap 'scripts/test-hosts.sh down >/dev/null 2>&1 || true' EXIT
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
 cargo fmt --all -- --check
