@@ -156,16 +156,16 @@ up() {
 
 # The i-th of n equal shares of a cpulist (contiguous, in order).
 cpu_share() {
-  python3 - "$1" "$2" "$3" <<'PY'
-import sys
-cpus = []
-for part in sys.argv[1].strip().split(","):
-    a, _, b = part.partition("-")
-    cpus += range(int(a), int(b or a) + 1)
-i, n = int(sys.argv[2]), int(sys.argv[3])
-k = len(cpus) // n
-print(",".join(map(str, cpus[i * k:(i + 1) * k])))
-PY
+  local list=$1 i=$2 n=$3 part a b c
+  local -a parts cpus=()
+  IFS=, read -ra parts <<<"$list"
+  for part in "${parts[@]}"; do
+    a=${part%-*}; b=${part#*-}
+    for ((c = a; c <= b; c++)); do cpus+=("$c"); done
+  done
+  local k=$((${#cpus[@]} / n))
+  local -a mine=("${cpus[@]:i*k:k}")
+  (IFS=,; echo "${mine[*]}")
 }
 
 # Wait until the holder has entered its namespaces (its hostname is set).

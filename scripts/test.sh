@@ -21,7 +21,8 @@ if ((${#need[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 # A real one-node Slurm for the srun tests (installs and starts it).
-if ! command -v srun >/dev/null || ! pgrep -x slurmctld >/dev/null || ! pgrep -x slurmd >/dev/null; then
+# (the machine's own Slurm answers with no SLURM_CONF; the test hosts' does not)
+if ! command -v srun >/dev/null || ! env -u SLURM_CONF scontrol ping 2>/dev/null | grep -q UP; then
   command -v srun >/dev/null || apt-get update -qq
   bash scripts/slurm-single-node.sh >/dev/null
 fi

@@ -708,3 +708,24 @@ fn doctor_on_a_host_flags_an_interface_that_does_not_reach_master() {
         "{good}"
     );
 }
+
+#[test]
+fn test_hosts_refuses_clearly_without_root_or_a_count() {
+    let out = Command::new("runuser")
+        .args(["-u", "nobody", "--"])
+        .arg(script())
+        .args(["up", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("test-hosts: error: must run as root"), "{err}");
+    for args in [&["up", "9"][..], &["exec", "host7", "true"], &["frob"]] {
+        let out = Command::new(script()).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("hint: "),
+            "{args:?}"
+        );
+    }
+}
