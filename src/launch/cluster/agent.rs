@@ -343,21 +343,18 @@ fn rounds(
     pipe: &SignalPipe,
     round: &mut impl FnMut(&Start, Arc<dyn Peer>) -> i32,
 ) -> Result<JobEnd, ClusterError> {
-    // The rendezvous itself ends (Refused) at its own timeout; a little more
-    // here covers a host that never answers.
+    // The rendezvous itself ends (Incomplete) at its own timeout; a little
+    // more here covers a host that never answers. Later waits are bounded by
+    // the heartbeat instead.
     let mut wait = Some(cfg.join_timeout + Duration::from_secs(5));
     let mut last_start: Option<Start> = None;
     loop {
         match next(rx, link, pipe, wait)? {
             ToAgent::Start(s) => {
+                wait = None;
                 *link.rank_offset.lock().unwrap_or_else(|e| e.into_inner()) = s.rank_offset;
                 *link.failed.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 let code = round(&s, link.clone() as Arc<dyn Peer>);
-                let ours = link
-                    .failed
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone();
                 if let Some(why) = link.lost() {
                     return Err(ClusterError::Lost(why));
                 }
@@ -366,15 +363,16 @@ fn rounds(
                     code,
                     port: crate::launch::env::free_port().unwrap_or(29500),
                 });
-                // Stopped by the user: the others are told; we do not wait long.
-                wait = match &ours {
-                    Some(f) if !f.restartable => Some(Duration::from_secs(5)),
-                    _ => None,
-                };
-                if let (Some(f), Some(_)) = (&ours, wait) {
+                let ours = link
+                    .failed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                // Stopped by the user: the others were told; we do not wait.
+                if let Some(f) = ours.filter(|f| !f.restartable) {
                     return Ok(JobEnd {
                         code: f.code,
-                        cause: Some(f.cause.clone()),
+                        cause: Some(f.cause),
                         start: Some(s),
                     });
                 }
