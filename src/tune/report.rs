@@ -24,7 +24,11 @@ pub(crate) fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
 /// Speed-up, CPU %, GPU %, GPU memory (with `mem_unit`) and context switches:
 /// the cells the table and the Markdown export share.
 pub(crate) fn metric_cells(c: &ConfigResult, mem_unit: &str) -> [String; 5] {
+    // Two paired rounds give an interval that says nothing ([0.00-2971.94]
+    // was seen): below three, the number of rounds is shown instead.
+    let rounds = c.trials.iter().filter(|t| t.ratio.is_some()).count();
     let speedup = match (c.speedup, c.speedup_low, c.speedup_high) {
+        (Some(v), Some(_), Some(_)) if rounds < 3 => format!("{v:.2}x ({rounds} rounds)"),
         (Some(v), Some(lo), Some(hi)) if hi > lo => format!("{v:.2}x [{lo:.2}-{hi:.2}]"),
         (v, _, _) => opt(v, |v| format!("{v:.2}x")),
     };

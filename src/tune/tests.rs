@@ -533,3 +533,17 @@ fn the_reference_runs_beside_a_lone_survivor() {
     assert_eq!(r.winner.as_deref(), Some("a"));
     assert!(r.complete);
 }
+
+#[test]
+fn a_speedup_from_two_rounds_shows_its_rounds_not_an_interval() {
+    let mut f = fake(&[
+        ("unset", &[10.0, 11.0, 9.0, 10.0]),
+        ("a", &[20.0, 23.0, 19.0, 21.0]),
+    ]);
+    let r = tuned(&mut f, &["unset", "a"], &opts(2, 0, Strategy::All));
+    let text = report::render(&r);
+    assert!(text.contains("x (2 rounds)"), "{text}");
+    let r = tuned(&mut f, &["unset", "a"], &opts(3, 0, Strategy::All));
+    let text = report::render(&r);
+    assert!(!text.contains("rounds)") && text.contains("x ["), "{text}");
+}
