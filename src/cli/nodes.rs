@@ -67,56 +67,76 @@ fn collective_ifname(master: &str, launches: &mut [RankLaunch], warn: bool) {
     }
 }
 
-pub fn run(a: &RunCmd, p: &Plan, t: &Topology, program: PathBuf) -> Result<Exit, Failure> {
-    let host = crate::os::hostname();
-    let endpoint = a.rdzv_endpoint.clone().unwrap_or_default();
-    let run_id = a
-        .rdzv_id
-        .clone()
-        .or_else(|| current("SLURM_JOB_ID"))
-        .unwrap_or_else(|| "none".into());
-    let cfg = AgentConfig {
-        endpoint: endpoint.clone(),
+/// The agent's settings from the options; the run id defaults to Slurm's job id.
+fn agent_config(a: &RunCmd, p: &Plan, host: &str) -> AgentConfig {
+    AgentConfig {
+        endpoint: a.rdzv_endpoint.clone().unwrap_or_default(),
         nnodes: a.plan.nnodes as usize,
         node_rank: a.node_rank.map(|r| r as usize),
-        run_id: run_id.clone(),
+        run_id: a
+            .rdzv_id
+            .clone()
+            .or_else(|| current("SLURM_JOB_ID"))
+            .unwrap_or_else(|| "none".into()),
         nproc: p.nproc,
         max_restarts: a.max_restarts,
         master_port: a.master_port,
         join_timeout: a.rdzv_timeout,
         heartbeat_timeout: a.heartbeat_timeout,
-        host: host.clone(),
-    };
-    // What the ranks get before the rendezvous fills in their place.
-    let guess = Start {
+        host: host.to_string(),
+    }
+}
+
+/// What the ranks get before the rendezvous fills in their place: this
+/// node as node `--node-rank` (else 0) of equal nodes, node 0 at the endpoint.
+fn guess(cfg: &AgentConfig, p: &Plan) -> Start {
+    let node = cfg.node_rank.unwrap_or(0);
+    Start {
         round: 0,
-        node_rank: cfg.node_rank.unwrap_or(0),
+        node_rank: node,
         nnodes: cfg.nnodes,
-        rank_offset: cfg.node_rank.unwrap_or(0) * p.nproc,
+        rank_offset: node * p.nproc,
         world_size: cfg.nnodes * p.nproc,
-        master_addr: endpoint
+        master_addr: cfg
+            .endpoint
             .rsplit_once(':')
             .map_or(String::new(), |(h, _)| h.to_string()),
-        master_port: a.master_port.unwrap_or(0),
-        max_restarts: a.max_restarts,
+        master_port: cfg.master_port.unwrap_or(0),
+        max_restarts: cfg.max_restarts,
         hosts: vec![],
-    };
-    let mut probe = plan_launches(p, &a.command, &job_of(&guess, p.nproc, &run_id));
-    if a.dry_run {
-        collective_ifname(&guess.master_addr, &mut probe, false);
-        let shown = prepare::dry_run(p, &probe, !a.no_move_workers, &current);
-        return super::emit(&format!(
-            "node {host}: joins the rendezvous at {endpoint} (id {run_id:?}) as one of {} node(s); \
-             threadwise supervises this node's ranks\n\
-             RANK, GROUP_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT below assume {}; the \
-             rendezvous sets them\n{shown}",
-            cfg.nnodes,
-            match cfg.node_rank {
-                Some(r) => format!("node rank {r}"),
-                None => "node rank 0, the same number of ranks on every node".into(),
-            }
-        ));
     }
+}
+
+/// `--dry-run` of one node: the rendezvous it would join and its ranks.
+fn dry_run(a: &RunCmd, p: &Plan, cfg: &AgentConfig) -> Result<Exit, Failure> {
+    let g = guess(cfg, p);
+    let mut probe = plan_launches(p, &a.command, &job_of(&g, p.nproc, &cfg.run_id));
+    collective_ifname(&g.master_addr, &mut probe, false);
+    let shown = prepare::dry_run(p, &probe, !a.no_move_workers, &current);
+    super::emit(&format!(
+        "node {}: joins the rendezvous at {} (id {:?}) as one of {} node(s); threadwise \
+         supervises this node's ranks\n\
+         RANK, GROUP_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT below assume {}; the \
+         rendezvous sets them\n{shown}",
+        cfg.host,
+        cfg.endpoint,
+        cfg.run_id,
+        cfg.nnodes,
+        match cfg.node_rank {
+            Some(r) => format!("node rank {r}"),
+            None => "node rank 0, the same number of ranks on every node".into(),
+        }
+    ))
+}
+
+pub fn run(a: &RunCmd, p: &Plan, t: &Topology, program: PathBuf) -> Result<Exit, Failure> {
+    let host = crate::os::hostname();
+    let cfg = agent_config(a, p, &host);
+    if a.dry_run {
+        return dry_run(a, p, &cfg);
+    }
+    let (endpoint, run_id) = (cfg.endpoint.clone(), cfg.run_id.clone());
+    let mut probe = plan_launches(p, &a.command, &job_of(&guess(&cfg, p), p.nproc, &run_id));
     before_start(a, p, t, &probe);
     let unbound = match prepare::check_bindings(&mut probe, a.allow_unbound)? {
         Some(w) => {

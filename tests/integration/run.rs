@@ -625,3 +625,31 @@ fn dataloader_workers_are_moved_to_the_worker_cpus() {
         }
     }
 }
+
+/// A multi-node dry run starts nothing and joins nothing: it shows this
+/// node's ranks as node `--node-rank` would run them, with the interface
+/// that reaches the endpoint for the collectives.
+#[test]
+fn multi_node_dry_run_shows_the_nodes_ranks() {
+    let out = super::threadwise()
+        .args(["run", "--nnodes", "2", "-n", "1", "--node-rank", "1"])
+        .args(["--rdzv-endpoint", "127.0.0.1:9", "--dry-run", "--", "true"])
+        .env_remove("GLOO_SOCKET_IFNAME")
+        .env_remove("NCCL_SOCKET_IFNAME")
+        .output()
+        .unwrap();
+    let text = super::stdout_ok(out);
+    assert!(
+        text.contains("joins the rendezvous at 127.0.0.1:9"),
+        "{text}"
+    );
+    for want in [
+        "  RANK=1\n",
+        "  GROUP_RANK=1\n",
+        "  WORLD_SIZE=2\n",
+        "  MASTER_ADDR=127.0.0.1\n",
+        "  GLOO_SOCKET_IFNAME=lo\n",
+    ] {
+        assert!(text.contains(want), "{want:?} in {text}");
+    }
+}
