@@ -84,6 +84,7 @@ fn agent_config(a: &RunCmd, p: &Plan, host: &str) -> AgentConfig {
         join_timeout: a.rdzv_timeout,
         heartbeat_timeout: a.heartbeat_timeout,
         host: host.to_string(),
+        linger: a.grace + std::time::Duration::from_secs(3),
     }
 }
 

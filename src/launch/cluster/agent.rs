@@ -36,6 +36,9 @@ pub struct AgentConfig {
     pub heartbeat_timeout: Duration,
     /// This node's name (its hostname).
     pub host: String,
+    /// How long the rendezvous host stays, once its own part ended, for the
+    /// others to stop theirs (their grace period and a little).
+    pub linger: Duration,
 }
 
 /// The connection to the rendezvous host, shared with the reader, the
@@ -326,11 +329,15 @@ pub fn run(
     }
     let result = rounds(cfg, &link, &rx, pipe, &mut round);
     link.closing.store(true, Ordering::SeqCst);
-    if let (Some(h), Ok(_)) = (server, &result) {
-        // The other nodes hear the end from us: give the host a moment.
+    let told = matches!(result, Ok(_) | Err(ClusterError::Signal(_)));
+    if let (Some(h), true) = (server, told) {
+        // The other nodes hear the end from us: keep hosting while they stop
+        // their ranks (their grace period), unless a second signal comes.
         let t0 = Instant::now();
-        while !h.is_finished() && t0.elapsed() < Duration::from_secs(3) {
-            std::thread::sleep(Duration::from_millis(20));
+        while !h.is_finished() && t0.elapsed() < cfg.linger {
+            if stop_signal(pipe, 20).is_some() {
+                break;
+            }
         }
     }
     result
@@ -349,7 +356,17 @@ fn rounds(
     let mut wait = Some(cfg.join_timeout + Duration::from_secs(5));
     let mut last_start: Option<Start> = None;
     loop {
-        match next(rx, link, pipe, wait)? {
+        let msg = match next(rx, link, pipe, wait) {
+            Ok(m) => m,
+            Err(ClusterError::Signal(sig)) => {
+                // Stopped between rounds or before the start: the others
+                // hear it as a stop, not as a lost node.
+                link.local_failure(LocalFailure::Signal(sig));
+                return Err(ClusterError::Signal(sig));
+            }
+            Err(e) => return Err(e),
+        };
+        match msg {
             ToAgent::Start(s) => {
                 wait = None;
                 *link.rank_offset.lock().unwrap_or_else(|e| e.into_inner()) = s.rank_offset;

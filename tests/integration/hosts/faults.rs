@@ -188,3 +188,28 @@ fn max_restarts_restarts_every_hosts_ranks() {
     assert_eq!(finish(&mut c0, Duration::from_secs(40)).0, 7);
     assert_eq!(finish(&mut c1, Duration::from_secs(40)).0, 7);
 }
+
+#[test]
+fn sigterm_to_a_node_whose_ranks_are_done_still_stops_the_job() {
+    let _g = hosts();
+    let d = tempfile::tempdir().unwrap();
+    // host0's ranks (0, 1) finish at once; host1's (2, 3) run on.
+    let s = rank_script(d.path(), "[ $RANK -ge 2 ] && sleep 29510\nexit 0");
+    let a = agent("host0:29510", &s, &[]);
+    let mut c0 = start("host0", &strs(&a), d.path(), "host0");
+    let mut c1 = start("host1", &strs(&a), d.path(), "host1");
+    until("host0's ranks done", || {
+        read(d.path(), "host0").contains("threadwise: 2 rank(s) in")
+    });
+    let t = Instant::now();
+    unsafe { libc::kill(c0.id() as i32, libc::SIGTERM) };
+    let [(code0, _), (code1, t1)] = finish_both(&mut c0, &mut c1, t, Duration::from_secs(30));
+    let h1 = read(d.path(), "host1");
+    assert_eq!((code0, code1), (143, 143), "{h1}");
+    assert!(t1 < Duration::from_secs(5), "{t1:?}");
+    assert!(
+        h1.contains("the job ended: host0: threadwise was stopped by SIGTERM"),
+        "{h1}"
+    );
+    until("no rank left", || leftovers("sleep 29510").is_empty());
+}
