@@ -7,7 +7,8 @@
 #   scripts/test-hosts.sh status        the hosts and Slurm's view of them
 #
 # Each host is a network namespace (its own veth on a private bridge, address
-# 10.77.0.1X/24, no route out), a UTS namespace (its own hostname) and a mount
+# 10.77.0.1X/24, no route out; and a second interface, mgmt0, that reaches
+# nothing), a UTS namespace (its own hostname) and a mount
 # namespace (its own /etc/hosts naming every host, and a resolv.conf that
 # fails at once), held open by a `sleep` holder process. Every process of a
 # host, the holder and what `exec` starts, lives in the host's own cgroup
@@ -144,7 +145,11 @@ up() {
     ip link add "twv$i" type veth peer name "twp$i"
     ip link set "twv$i" master "$BR" up
     ip link set "twp$i" netns "$(holder_pid "$h")"
-    nsenter -t "$(holder_pid "$h")" -n sh -c "ip link set twp$i name eth0 && ip addr add $NET.1$i/24 dev eth0 && ip link set eth0 up"
+    # eth0 reaches the other hosts; mgmt0 is a second interface that does not
+    # (as a management or storage network would), so which one collectives
+    # use matters.
+    nsenter -t "$(holder_pid "$h")" -n sh -c "ip link set twp$i name eth0 && ip addr add $NET.1$i/24 dev eth0 && ip link set eth0 up &&
+      ip link add mgmt0 type veth peer name mgmt0p && ip addr add 10.78.0.1$i/24 dev mgmt0 && ip link set mgmt0p up && ip link set mgmt0 up"
   done
   slurm_conf "$n"
   start_slurm "$n"

@@ -183,6 +183,16 @@ fn hosts_have_their_own_names_addresses_and_cpus() {
     assert!(lines[1].starts_with("10.77.0.10"), "{text}");
     assert_eq!(lines[2], host_cpus("host1"));
     assert_eq!(lines[3], env!("CARGO_MANIFEST_DIR"));
+    // Two interfaces: eth0 reaches the other hosts, mgmt0 nothing.
+    let ifs = on("host1", &["ip", "-o", "-4", "addr", "show"])
+        .output()
+        .unwrap();
+    let ifs = String::from_utf8_lossy(&ifs.stdout).to_string();
+    assert!(
+        ifs.contains("eth0    inet 10.77.0.11/24") || ifs.contains("eth0 inet 10.77.0.11/24"),
+        "{ifs}"
+    );
+    assert!(ifs.contains("mgmt0"), "{ifs}");
     // host0 is reached only from the hosts, not from this machine.
     assert!(
         !Command::new("sh")
@@ -552,9 +562,10 @@ fn doctor_on_a_host_flags_an_interface_that_does_not_reach_master() {
         .unwrap();
         String::from_utf8_lossy(&out.stdout).to_string()
     };
-    let bad = run("lo");
+    // mgmt0 is the host's second interface, which reaches nothing.
+    let bad = run("mgmt0");
     assert!(
-        bad.contains("GLOO_SOCKET_IFNAME=lo, but the rendezvous host is reached through eth0"),
+        bad.contains("GLOO_SOCKET_IFNAME=mgmt0, but the rendezvous host is reached through eth0"),
         "{bad}"
     );
     assert!(bad.contains("export GLOO_SOCKET_IFNAME=eth0"), "{bad}");
