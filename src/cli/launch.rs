@@ -116,9 +116,9 @@ pub(super) fn before_start(a: &RunCmd, p: &Plan, t: &Topology, launches: &[RankL
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 /// Start this node's ranks and supervise them to the end; `errors` holds
 /// their error files (and `errors.dir` is the log directory, if any).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn supervise_ranks(
     a: &RunCmd,
     p: &Plan,

@@ -53,10 +53,7 @@ impl Failure {
 
 impl From<crate::plan::PlanError> for Failure {
     fn from(e: crate::plan::PlanError) -> Self {
-        Failure::usage(
-            e.to_string(),
-            crate::launch::prepare::PrepareError::Plan(e).hint(),
-        )
+        Failure::usage(e.to_string(), crate::launch::prepare::plan_hint(&e))
     }
 }
 

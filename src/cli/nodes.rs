@@ -3,7 +3,7 @@
 //! supervision as a one-node run; the job's end, its root cause and exit
 //! code are the same on every node.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::args::RunCmd;
@@ -136,8 +136,11 @@ pub fn run(a: &RunCmd, p: &Plan, t: &Topology, program: PathBuf) -> Result<Exit,
     if a.dry_run {
         return dry_run(a, p, &cfg);
     }
-    let (endpoint, run_id) = (cfg.endpoint.clone(), cfg.run_id.clone());
-    let mut probe = plan_launches(p, &a.command, &job_of(&guess(&cfg, p), p.nproc, &run_id));
+    let mut probe = plan_launches(
+        p,
+        &a.command,
+        &job_of(&guess(&cfg, p), p.nproc, &cfg.run_id),
+    );
     before_start(a, p, t, &probe);
     let unbound = match prepare::check_bindings(&mut probe, a.allow_unbound)? {
         Some(w) => {
@@ -146,44 +149,40 @@ pub fn run(a: &RunCmd, p: &Plan, t: &Topology, program: PathBuf) -> Result<Exit,
         }
         None => false,
     };
-    // Every node's logs under DIR/<host>, so nodes sharing a file system
-    // never write each other's files.
-    let logs = a.log_dir.as_ref().map(|d| d.join(&host));
-    crate::say!(
-        "threadwise: {host}: joining the rendezvous at {endpoint} ({} node(s), id {run_id:?})",
-        cfg.nnodes
-    );
-    let mut failures: Vec<String> = vec![];
-    let end = cluster::run(&cfg, |s, peer| {
-        node_round(
-            a,
-            p,
-            t,
-            &program,
-            s,
-            peer,
-            &logs,
-            unbound,
-            &run_id,
-            &mut failures,
-        )
-    });
-    let end = match end {
-        Ok(e) => e,
-        Err(e) => {
-            for f in &failures {
-                crate::say_text!(f);
-            }
-            return Err(e.into());
-        }
+    let mut node = Node {
+        a,
+        p,
+        t,
+        program,
+        // Every node's logs under DIR/<host>, so nodes sharing a file system
+        // never write each other's files.
+        logs: a.log_dir.as_ref().map(|d| d.join(&host)),
+        unbound,
+        run_id: cfg.run_id.clone(),
+        // Loaded once (NVML's start can take seconds), for tune's reports.
+        gpu: a
+            .report_node
+            .then(crate::measure::gpu::GpuSampler::new)
+            .flatten(),
+        host,
+        failures: vec![],
     };
-    for f in &failures {
+    crate::say!(
+        "threadwise: {}: joining the rendezvous at {} ({} node(s), id {:?})",
+        node.host,
+        cfg.endpoint,
+        cfg.nnodes,
+        cfg.run_id
+    );
+    let end = cluster::run(&cfg, |s, peer| node.round(s, peer));
+    for f in &node.failures {
         crate::say_text!(f);
     }
+    let end = end?;
     if let Some(cause) = &end.cause {
         crate::say!("threadwise: the job ended: {cause}");
     }
-    if let Some(d) = &logs {
+    if let Some(d) = &node.logs {
         crate::say!("threadwise: logs in {}", d.display());
     }
     Ok(Exit(end.code))
@@ -215,97 +214,100 @@ fn report_node(
     }
 }
 
-/// One round on this node: its ranks, supervised; returns their exit code.
-#[allow(clippy::too_many_arguments)]
-fn node_round(
-    a: &RunCmd,
-    p: &Plan,
-    t: &Topology,
-    program: &Path,
-    s: &Start,
-    peer: Arc<dyn Peer>,
-    logs: &Option<PathBuf>,
+/// What every round on this node shares.
+struct Node<'a> {
+    a: &'a RunCmd,
+    p: &'a Plan,
+    t: &'a Topology,
+    program: PathBuf,
+    logs: Option<PathBuf>,
+    /// The placements were refused and --allow-unbound given.
     unbound: bool,
-    run_id: &str,
-    failures: &mut Vec<String>,
-) -> i32 {
-    let host = crate::os::hostname();
-    let last = s.rank_offset + p.nproc - 1;
-    crate::say!(
-        "threadwise: {host}: node {} of {} ({}), ranks {}-{last} of {}, MASTER_ADDR={} MASTER_PORT={}{}",
-        s.node_rank,
-        s.nnodes,
-        s.hosts.join(", "),
-        s.rank_offset,
-        s.world_size,
-        s.master_addr,
-        s.master_port,
-        if s.round > 0 {
-            format!(" (restart {} of {})", s.round, s.max_restarts)
-        } else {
-            String::new()
-        }
-    );
-    let mut launches = plan_launches(p, &a.command, &job_of(s, p.nproc, run_id));
-    if unbound {
-        for l in &mut launches {
-            l.placement = Default::default();
-        }
-    }
-    collective_ifname(&s.master_addr, &mut launches, s.round == 0);
-    let dir = logs.as_ref().map(|d| match s.round {
-        0 => d.clone(),
-        r => d.join(format!("restart-{r}")),
-    });
-    let errors = match ErrorFiles::new(dir.as_deref()) {
-        Ok(e) => e,
-        Err(e) => {
-            failures.push(format!("error: {e}"));
-            return 3;
-        }
-    };
-    let mut gpu = a
-        .report_node
-        .then(crate::measure::gpu::GpuSampler::new)
-        .flatten();
-    if let Some(g) = &mut gpu {
-        let mut buses: Vec<String> = p.ranks.iter().filter_map(|r| r.gpu.clone()).collect();
-        buses.sort();
-        buses.dedup();
-        g.start(buses, Default::default());
-    }
-    match supervise_ranks(
-        a,
-        p,
-        t,
-        launches,
-        program,
-        &errors,
-        Some(peer),
-        s.rank_offset,
-    ) {
-        Ok(o) => {
-            if !a.quiet {
-                crate::say_text!(supervise::summary(&o));
+    run_id: String,
+    gpu: Option<crate::measure::gpu::GpuSampler>,
+    host: String,
+    /// Failure reports and errors, said once the job is over.
+    failures: Vec<String>,
+}
+
+impl Node<'_> {
+    /// One round: this node's ranks, supervised; returns their exit code.
+    fn round(&mut self, s: &Start, peer: Arc<dyn Peer>) -> i32 {
+        let (a, p, host) = (self.a, self.p, self.host.clone());
+        let last = s.rank_offset + p.nproc - 1;
+        crate::say!(
+            "threadwise: {host}: node {} of {} ({}), ranks {}-{last} of {}, MASTER_ADDR={} MASTER_PORT={}{}",
+            s.node_rank,
+            s.nnodes,
+            s.hosts.join(", "),
+            s.rank_offset,
+            s.world_size,
+            s.master_addr,
+            s.master_port,
+            if s.round > 0 {
+                format!(" (restart {} of {})", s.round, s.max_restarts)
+            } else {
+                String::new()
             }
-            if a.report_node {
-                report_node(&host, s, p, t, &o, gpu.map(|mut g| g.stop()));
+        );
+        let mut launches = plan_launches(p, &a.command, &job_of(s, p.nproc, &self.run_id));
+        if self.unbound {
+            for l in &mut launches {
+                l.placement = Default::default();
             }
-            if let Some(r) = supervise::failure_report(&o, Some(&errors.dir)) {
-                // Local rank numbers, named as such beside the host.
-                failures.push(format!(
-                    "{host}: {}",
-                    r.replacen("error: rank ", "error: local rank ", 1)
-                ));
-            }
-            for (file, why) in &o.log_errors {
-                failures.push(format!("error: the log {file} is incomplete: {why}"));
-            }
-            o.code()
         }
-        Err(e) => {
-            failures.push(format!("error: {e}\nhint: {}", e.hint()));
-            e.code()
+        collective_ifname(&s.master_addr, &mut launches, s.round == 0);
+        let dir = self.logs.as_ref().map(|d| match s.round {
+            0 => d.clone(),
+            r => d.join(format!("restart-{r}")),
+        });
+        let errors = match ErrorFiles::new(dir.as_deref()) {
+            Ok(e) => e,
+            Err(e) => {
+                self.failures.push(format!("error: {e}"));
+                return 3;
+            }
+        };
+        if let Some(g) = &mut self.gpu {
+            g.start(p.gpus(), Default::default());
+        }
+        let outcome = supervise_ranks(
+            a,
+            p,
+            self.t,
+            launches,
+            &self.program,
+            &errors,
+            Some(peer),
+            s.rank_offset,
+        );
+        let gpu = self.gpu.as_mut().map(|g| g.stop());
+        match outcome {
+            Ok(o) => {
+                if !a.quiet {
+                    crate::say_text!(supervise::summary(&o));
+                }
+                if a.report_node {
+                    report_node(&host, s, p, self.t, &o, gpu);
+                }
+                if let Some(r) = supervise::failure_report(&o, Some(&errors.dir)) {
+                    // Local rank numbers, named as such beside the host.
+                    self.failures.push(format!(
+                        "{host}: {}",
+                        r.replacen("error: rank ", "error: local rank ", 1)
+                    ));
+                }
+                for (file, why) in &o.log_errors {
+                    self.failures
+                        .push(format!("error: the log {file} is incomplete: {why}"));
+                }
+                o.code()
+            }
+            Err(e) => {
+                self.failures
+                    .push(format!("error: {e}\nhint: {}", e.hint()));
+                e.code()
+            }
         }
     }
 }

@@ -154,12 +154,9 @@ fn nodes_runner(
     let cpus = env("SLURM_JOB_CPUS_PER_NODE")
         .as_deref()
         .and_then(crate::tune::nodes::min_cpus_per_node);
-    // A port per trial from the job id, the same way on every node.
-    let digits: String = job.chars().filter(char::is_ascii_digit).collect();
-    let tail: u16 = digits[digits.len().saturating_sub(3)..]
-        .parse()
-        .unwrap_or(0);
-    let port = 30000 + tail * 20;
+    // Ports from the job id (tune cannot see which are free on the first
+    // node), so that tunes of different jobs sharing a node do not collide.
+    let port = 30000 + crate::launch::detect::job_id_tail(&job, 3).unwrap_or(0) * 20;
     crate::say!(
         "threadwise: tuning on {nnodes} node(s) of Slurm job {job} ({}), each trial one srun step; rendezvous on {first}",
         list.unwrap_or_default()

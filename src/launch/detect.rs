@@ -239,6 +239,13 @@ pub fn first_host(list: &str) -> Option<String> {
     (!out.is_empty()).then_some(out)
 }
 
+/// The last `n` (at most 4) digits of a Slurm job id as a number, for
+/// ports every task and node of the job derive alike.
+pub fn job_id_tail(id: &str, n: usize) -> Option<u16> {
+    let digits: String = id.chars().filter(char::is_ascii_digit).collect();
+    digits[digits.len().saturating_sub(n.min(4))..].parse().ok()
+}
+
 /// Under Slurm, what torch's env:// needs and srun does not give: MASTER_ADDR
 /// from the step's first node and MASTER_PORT from the job id (15000 + its
 /// last four digits, as Lightning does, so every task of the job agrees).
@@ -253,12 +260,9 @@ pub fn slurm_master(env: Env) -> (Option<String>, Option<u16>) {
             .or_else(|| env("SLURM_NODELIST"))
             .and_then(|l| first_host(&l))
     });
-    let port = env("MASTER_PORT").is_none().then(|| {
-        let id = env("SLURM_JOB_ID")?;
-        let digits: String = id.chars().filter(char::is_ascii_digit).collect();
-        let tail = &digits[digits.len().saturating_sub(4)..];
-        Some(15000 + tail.parse::<u16>().ok()?)
-    });
+    let port = env("MASTER_PORT")
+        .is_none()
+        .then(|| Some(15000 + job_id_tail(&env("SLURM_JOB_ID")?, 4)?));
     (addr.flatten(), port.flatten())
 }
 

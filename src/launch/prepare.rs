@@ -52,16 +52,7 @@ impl PrepareError {
     pub fn hint(&self) -> String {
         match self {
             PrepareError::Launch(e) => e.hint().into(),
-            PrepareError::Plan(e @ PlanError::TooFewCpus { .. })
-                if std::env::var_os("SLURM_STEP_ID").is_some() =>
-            {
-                format!(
-                    "{}; under srun each task gets one CPU unless asked: give the step more \
-                     with srun --cpus-per-task=N (-c N)",
-                    e.hint()
-                )
-            }
-            PrepareError::Plan(e) => e.hint().to_string(),
+            PrepareError::Plan(e) => plan_hint(e),
             PrepareError::Topology(e) => topology_hint(e).into(),
             PrepareError::PlanUnreadable { .. } | PrepareError::PlanNotAPlan { .. } => {
                 "give a file from threadwise tune --save-plan or plan --json".into()
@@ -93,6 +84,19 @@ impl PrepareError {
             | PrepareError::PlanOtherMachine { .. }
             | PrepareError::ErrorDir(_) => 3,
         }
+    }
+}
+
+/// What to do about a plan this machine cannot satisfy; inside an srun step
+/// (one CPU per task unless asked), too few CPUs names `--cpus-per-task`.
+pub fn plan_hint(e: &PlanError) -> String {
+    match e {
+        PlanError::TooFewCpus { .. } if std::env::var_os("SLURM_STEP_ID").is_some() => format!(
+            "{}; under srun each task gets one CPU unless asked: give the step more with \
+             srun --cpus-per-task=N (-c N)",
+            e.hint()
+        ),
+        e => e.hint().to_string(),
     }
 }
 

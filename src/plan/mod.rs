@@ -136,6 +136,14 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The GPUs its ranks use (PCI bus ids), each once, sorted.
+    pub fn gpus(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.ranks.iter().filter_map(|r| r.gpu.clone()).collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
     /// Everything a plan read from a file must hold before anything starts
     /// (`run --plan`): ranks 0..n once each, as many as `nproc`, memory nodes
     /// that can exist, environment names a process can have.

@@ -59,6 +59,14 @@ impl Hit {
     pub fn replaces(&self, earlier: &Hit) -> bool {
         self.kind >= earlier.kind
     }
+
+    /// Keep `self` in `best` if it replaces what is there.
+    pub fn keep_in(self, best: &std::sync::Mutex<Option<Hit>>) {
+        let mut best = best.lock().unwrap_or_else(|e| e.into_inner());
+        if best.as_ref().is_none_or(|b| self.replaces(b)) {
+            *best = Some(self);
+        }
+    }
 }
 
 fn shown(line: &str) -> String {

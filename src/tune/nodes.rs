@@ -142,10 +142,7 @@ impl super::TrialRunner for NodesRunner {
                     n.lock().unwrap_or_else(|e| e.into_inner()).push(u);
                 }
             } else if let Some(found) = rank0(line).and_then(|l| m.scan(0, l)) {
-                let mut best = h.lock().unwrap_or_else(|e| e.into_inner());
-                if best.as_ref().is_none_or(|b| found.replaces(b)) {
-                    *best = Some(found);
-                }
+                found.keep_in(&h);
             }
         });
         let opts = RunOptions {

@@ -87,19 +87,11 @@ impl super::TrialRunner for Runner {
         let (m, h) = (metric.clone(), hit.clone());
         let sink: LineSink = Arc::new(move |rank, line| {
             if let Some(found) = m.scan(rank, line) {
-                let mut best = h.lock().unwrap_or_else(|e| e.into_inner());
-                if best.as_ref().is_none_or(|b| found.replaces(b)) {
-                    *best = Some(found);
-                }
+                found.keep_in(&h);
             }
         });
         // The GPUs the configuration's ranks use, and their pids once started.
-        let mut gpus: Vec<String> = self
-            .plan_of(c)
-            .map(|p| p.ranks.iter().filter_map(|r| r.gpu.clone()).collect())
-            .unwrap_or_default();
-        gpus.sort();
-        gpus.dedup();
+        let gpus = self.plan_of(c).map(|p| p.gpus()).unwrap_or_default();
         let job: JobPids = Arc::default();
         let j = job.clone();
         let on_spawned = Spawned(Arc::new(move |pids: &[(usize, i32)]| {

@@ -5,7 +5,7 @@
 
 use std::io::BufReader;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -46,7 +46,9 @@ pub struct AgentConfig {
 #[derive(Debug)]
 struct Link {
     writer: Mutex<TcpStream>,
+    /// The round under way and its first global rank (from its Start).
     round: AtomicU32,
+    rank_offset: AtomicUsize,
     stop: AtomicBool,
     /// Why the rendezvous host is gone, once it is.
     lost: Mutex<Option<String>>,
@@ -55,7 +57,6 @@ struct Link {
     closing: AtomicBool,
     host: String,
     endpoint: String,
-    rank_offset: Mutex<usize>,
     /// Our failure in this round, as sent.
     failed: Mutex<Option<Failure>>,
 }
@@ -100,7 +101,7 @@ impl Peer for Link {
 
     fn local_failure(&self, what: LocalFailure) {
         let round = self.round.load(Ordering::SeqCst);
-        let offset = *self.rank_offset.lock().unwrap_or_else(|e| e.into_inner());
+        let offset = self.rank_offset.load(Ordering::SeqCst);
         let f = match what {
             LocalFailure::Rank(local, pid, exit) => Failure {
                 round,
@@ -184,6 +185,8 @@ fn reader(link: Arc<Link>, stream: TcpStream, tx: mpsc::Sender<ToAgent>) {
             Ok(Some(ToAgent::Start(st))) => {
                 // Here, not when the round starts: a stop may follow at once.
                 link.round.store(st.round, Ordering::SeqCst);
+                link.rank_offset.store(st.rank_offset, Ordering::SeqCst);
+                *link.failed.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 link.stop.store(false, Ordering::SeqCst);
                 if tx.send(ToAgent::Start(st)).is_err() {
                     return;
@@ -296,6 +299,7 @@ pub fn run(
                 .map_err(|e| ClusterError::Io(e.to_string()))?,
         ),
         round: AtomicU32::new(0),
+        rank_offset: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
         lost: Mutex::new(None),
         last_heard: Mutex::new(Instant::now()),
@@ -303,7 +307,6 @@ pub fn run(
         closing: AtomicBool::new(false),
         host: cfg.host.clone(),
         endpoint: cfg.endpoint.clone(),
-        rank_offset: Mutex::new(0),
         failed: Mutex::new(None),
     });
     link.send(&ToHost::Hello {
@@ -369,22 +372,21 @@ fn rounds(
         match msg {
             ToAgent::Start(s) => {
                 wait = None;
-                *link.rank_offset.lock().unwrap_or_else(|e| e.into_inner()) = s.rank_offset;
-                *link.failed.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 let code = round(&s, link.clone() as Arc<dyn Peer>);
                 if let Some(why) = link.lost() {
                     return Err(ClusterError::Lost(why));
                 }
-                link.send(&ToHost::Ended {
-                    round: s.round,
-                    code,
-                    port: crate::launch::env::free_port().unwrap_or(29500),
-                });
+                // Read before saying we ended: a restart's Start resets it.
                 let ours = link
                     .failed
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .clone();
+                link.send(&ToHost::Ended {
+                    round: s.round,
+                    code,
+                    port: crate::launch::env::free_port().unwrap_or(29500),
+                });
                 // Stopped by the user: the others were told; we do not wait.
                 if let Some(f) = ours.filter(|f| !f.restartable) {
                     return Ok(JobEnd {

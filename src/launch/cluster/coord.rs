@@ -258,8 +258,8 @@ impl Coordinator {
         self.nodes[i].ended = true;
         self.nodes[i].hello.port = port;
         if code != 0 && self.phase == Phase::Running {
-            // A failure the node did not report first (it cannot happen
-            // with our agents; keep the job's end right anyway).
+            // A failure the node did not report first: its ranks could not
+            // start (the agent ends the round with the launch error's code).
             let host = self.nodes[i].hello.host.clone();
             let mut out = self.failed(
                 conn,
@@ -292,20 +292,17 @@ impl Coordinator {
         self.nodes[i].lost = true;
         let host = self.nodes[i].hello.host.clone();
         let node_rank = self.nodes[i].node_rank;
+        // While stopping, the first failure stays the cause; round_over
+        // allows no restart once a node is lost.
         let mut out = vec![];
-        if self.phase == Phase::Running || !self.nodes[i].ended {
+        if self.phase == Phase::Running {
             let f = Failure {
                 round: self.round,
                 cause: format!("node {node_rank} ({host}) was lost: {why}"),
                 code: 1,
                 restartable: false,
             };
-            if self.phase == Phase::Running {
-                out = self.failed(conn, f);
-            } else if let Phase::Stopping { failure } = &mut self.phase {
-                // A lost node forbids the restart a rank's failure would allow.
-                failure.restartable = false;
-            }
+            out = self.failed(conn, f);
         }
         out.extend(self.round_over());
         out

@@ -8,7 +8,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use super::{
-    agent, finish, finish_both, hosts, leftovers, on, rank_script, read, start, strs, until,
+    agent, finish, finish_all, hosts, leftovers, on, rank_script, read, start, strs, until,
 };
 
 /// Start the two agents on `port`, their ranks sleeping `port` seconds (a
@@ -40,7 +40,7 @@ fn a_rank_killed_on_host1_ends_both_hosts_with_its_code() {
     let (mut c0, mut c1, s) = job(d.path(), 29504, &[]);
     let t = Instant::now();
     unsafe { libc::kill(pid_of(d.path(), 3), libc::SIGKILL) };
-    let [(code0, t0), (code1, t1)] = finish_both(&mut c0, &mut c1, t, Duration::from_secs(30));
+    let [(code0, t0), (code1, t1)] = finish_all([&mut c0, &mut c1], t, Duration::from_secs(30));
     eprintln!(
         "rank killed on host1: host0 ended in {t0:?} (code {code0}), host1 in {t1:?} (code {code1})"
     );
@@ -76,27 +76,44 @@ fn host1s_agent_killed_ends_host0_and_leaves_no_orphan() {
     until("host1's ranks gone", || leftovers(&s).is_empty());
 }
 
+/// A host's link taken down, and brought back up however the test ends (a
+/// failed assertion must not leave host1 off the network for the others).
+struct LinkDown(&'static str);
+
+impl LinkDown {
+    fn new(veth: &'static str) -> LinkDown {
+        let down = Command::new("ip")
+            .args(["link", "set", veth, "down"])
+            .status()
+            .unwrap();
+        assert!(down.success());
+        LinkDown(veth)
+    }
+}
+
+impl Drop for LinkDown {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "set", self.0, "up"])
+            .status();
+        // Slurm may have noticed too: resume the node for the other tests.
+        let _ = on(
+            "host0",
+            &["scontrol", "update", "nodename=host1", "state=resume"],
+        )
+        .output();
+    }
+}
+
 #[test]
 fn host1s_link_down_ends_both_hosts_within_the_heartbeat_timeout() {
     let _g = hosts();
     let d = tempfile::tempdir().unwrap();
     let (mut c0, mut c1, s) = job(d.path(), 29506, &[]);
     let t = Instant::now();
-    let down = Command::new("ip")
-        .args(["link", "set", "twv1", "down"])
-        .status()
-        .unwrap();
-    assert!(down.success());
-    let [r0, r1] = finish_both(&mut c0, &mut c1, t, Duration::from_secs(40));
-    let _ = Command::new("ip")
-        .args(["link", "set", "twv1", "up"])
-        .status();
-    // Slurm may have noticed too: resume the node for the other tests.
-    let _ = on(
-        "host0",
-        &["scontrol", "update", "nodename=host1", "state=resume"],
-    )
-    .output();
+    let link = LinkDown::new("twv1");
+    let [r0, r1] = finish_all([&mut c0, &mut c1], t, Duration::from_secs(40));
+    drop(link);
     eprintln!(
         "host1's link down: host0 ended in {:?} (code {}), host1 in {:?} (code {})",
         r0.1, r0.0, r1.1, r1.0
@@ -110,7 +127,6 @@ fn host1s_link_down_ends_both_hosts_within_the_heartbeat_timeout() {
         );
     }
     assert!(read(d.path(), "host0").contains("node 1 (host1) was lost: no heartbeat for 10 s"));
-    let h1 = read(d.path(), "host1");
     assert!(
         h1.contains("error: no heartbeat from the rendezvous host host0:29506 for 10 s"),
         "{h1}"
@@ -203,7 +219,7 @@ fn sigterm_to_a_node_whose_ranks_are_done_still_stops_the_job() {
     });
     let t = Instant::now();
     unsafe { libc::kill(c0.id() as i32, libc::SIGTERM) };
-    let [(code0, _), (code1, t1)] = finish_both(&mut c0, &mut c1, t, Duration::from_secs(30));
+    let [(code0, _), (code1, t1)] = finish_all([&mut c0, &mut c1], t, Duration::from_secs(30));
     let h1 = read(d.path(), "host1");
     assert_eq!((code0, code1), (143, 143), "{h1}");
     assert!(t1 < Duration::from_secs(5), "{t1:?}");

@@ -5,7 +5,6 @@
 
 mod faults;
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -62,56 +61,42 @@ pub(super) fn start(host: &str, args: &[&str], dir: &Path, name: &str) -> Child 
         .unwrap()
 }
 
-/// Wait for a child at most `limit`: its exit code and how long it took.
-pub(super) fn finish(c: &mut Child, limit: Duration) -> (i32, Duration) {
-    let t = Instant::now();
-    loop {
-        if let Some(s) = c.try_wait().unwrap() {
-            return (s.code().unwrap_or(-1), t.elapsed());
-        }
-        if t.elapsed() > limit {
-            let _ = c.kill();
-            let _ = c.wait();
-            panic!("still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Wait for two children at most `limit`: each one's code and how long after
-/// `since` it ended.
-pub(super) fn finish_both(
-    a: &mut Child,
-    b: &mut Child,
+/// Wait for children at most `limit` after `since`: each one's code and how
+/// long after `since` it ended.
+pub(super) fn finish_all<const N: usize>(
+    mut children: [&mut Child; N],
     since: Instant,
     limit: Duration,
-) -> [(i32, Duration); 2] {
-    let mut ends: [Option<(i32, Duration)>; 2] = [None, None];
+) -> [(i32, Duration); N] {
+    let mut ends: [Option<(i32, Duration)>; N] = [None; N];
     while ends.iter().any(Option::is_none) {
-        for (i, c) in [&mut *a, &mut *b].into_iter().enumerate() {
-            if ends[i].is_none() {
-                if let Some(s) = c.try_wait().unwrap() {
-                    ends[i] = Some((s.code().unwrap_or(-1), since.elapsed()));
-                }
+        for (end, c) in ends.iter_mut().zip(children.iter_mut()) {
+            if end.is_none()
+                && let Some(s) = c.try_wait().unwrap()
+            {
+                *end = Some((s.code().unwrap_or(-1), since.elapsed()));
             }
         }
         if since.elapsed() > limit {
-            let _ = a.kill();
-            let _ = b.kill();
+            for c in children.iter_mut() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
             panic!("still running after {limit:?}: {ends:?}");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    [ends[0].unwrap(), ends[1].unwrap()]
+    ends.map(Option::unwrap)
+}
+
+/// Wait for one child at most `limit`: its exit code and how long it took.
+pub(super) fn finish(c: &mut Child, limit: Duration) -> (i32, Duration) {
+    let [end] = finish_all([c], Instant::now(), limit);
+    end
 }
 
 pub(super) fn read(dir: &Path, name: &str) -> String {
-    let mut s = String::new();
-    std::fs::File::open(dir.join(format!("{name}.out")))
-        .unwrap()
-        .read_to_string(&mut s)
-        .unwrap();
-    s
+    std::fs::read_to_string(dir.join(format!("{name}.out"))).unwrap()
 }
 
 /// Processes on any host whose command line mentions `marker`.
@@ -120,7 +105,7 @@ pub(super) fn leftovers(marker: &str) -> Vec<String> {
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         if let Ok(c) = std::fs::read(e.path().join("cmdline")) {
             let c = String::from_utf8_lossy(&c).replace('\0', " ");
-            if c.contains(marker) && !c.contains("grep") {
+            if c.contains(marker) {
                 out.push(format!("{}: {c}", e.file_name().to_string_lossy()));
             }
         }
@@ -356,7 +341,9 @@ fn run_forms_one_job_across_hosts_and_stays_the_supervisor() {
         }
         // No torchrun banner: threadwise plans the threads.
         assert!(!out.contains("Setting OMP_NUM_THREADS"), "{out}");
-        assert!(logs.join(h).join("rank-0.stdout").is_file());
+        // Each node's logs in its own directory, with its own ranks' lines.
+        let log = std::fs::read_to_string(logs.join(h).join("rank-1.stdout")).unwrap();
+        assert!(log.starts_with(&format!("{h} RANK={} ", ranks[1])), "{log}");
     }
     // The agent is threadwise itself: its process is the one we started.
     let d2 = tempfile::tempdir().unwrap();
