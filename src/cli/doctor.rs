@@ -2,10 +2,10 @@
 //! exit 1 when anything fails, for cluster prologs and CI.
 
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::args::DoctorCmd;
-use super::topo::load;
+use super::settings::load;
 use super::{Exit, Failure, SourceArgs, emit};
 use crate::doctor::{self, DOCTOR_SCHEMA, RealSys, Report, Severity};
 use crate::files::write_output;
@@ -73,23 +73,4 @@ pub fn doctor(a: DoctorCmd) -> Result<Exit, Failure> {
     } else {
         Exit::OK
     })
-}
-
-/// `run`'s quick checks: warn and fail lines on stderr, nothing else.
-pub fn preflight(topo: &crate::topology::Topology, nproc: usize) {
-    let sys = RealSys {
-        root: Path::new("/").to_path_buf(),
-    };
-    for f in doctor::preflight(&sys, topo, nproc) {
-        let fix = f
-            .fix
-            .as_deref()
-            .map_or(String::new(), |x| format!(" (fix: {x})"));
-        crate::say!(
-            "threadwise: doctor: {} {}: {}{fix}",
-            f.severity,
-            f.id,
-            f.title
-        );
-    }
 }

@@ -1,13 +1,16 @@
-//! `threadwise run` and `threadwise bind`: the options into a launch
-//! (`launch::prepare` does the work), then supervise (run) or exec (bind).
+//! `threadwise run` and `threadwise bind`: the options into typed settings
+//! (`launch::job::RunSettings`, one node's agent settings), then the launch
+//! entry point (`launch::job`) or bind's exec; the result into an exit code.
+
+use std::path::PathBuf;
 
 use super::args::{BindCmd, RunCmd};
-use super::topo::{load, request};
+use super::settings::{load, request};
 use super::{Exit, Failure, SourceArgs, settings};
-use crate::launch::output::OutputOptions;
-use crate::launch::prepare::{self, ErrorFiles, PrepareError};
-use crate::launch::supervise::{self, RunOptions};
-use crate::launch::{LaunchError, RankLaunch, bind, node_launches, resolve};
+use crate::launch::cluster::AgentConfig;
+use crate::launch::job::{self, ClusterSettings, JobError, RunSettings};
+use crate::launch::prepare::{self, PrepareError};
+use crate::launch::{LaunchError, bind, resolve};
 use crate::plan::{self, Plan};
 use crate::topology::Topology;
 
@@ -31,143 +34,86 @@ impl From<PrepareError> for Failure {
     }
 }
 
+impl From<JobError> for Failure {
+    fn from(e: JobError) -> Self {
+        Failure {
+            code: e.code(),
+            message: e.to_string(),
+            hint: Some(e.hint()).filter(|h| !h.is_empty()),
+        }
+    }
+}
+
 fn current(k: &str) -> Option<String> {
     std::env::var(k).ok()
 }
 
-/// What the user sees at the end, and our exit code.
-pub(super) fn finish_run(
-    a: &RunCmd,
-    outcome: &supervise::Outcome,
-    errors: &ErrorFiles,
-) -> Result<Exit, Failure> {
-    if !a.quiet {
-        crate::say_text!(supervise::summary(outcome));
+/// The agent's settings from the options; the run id defaults to Slurm's job id.
+fn agent_config(a: &RunCmd, nproc: usize) -> AgentConfig {
+    AgentConfig {
+        endpoint: a.rdzv_endpoint.clone().unwrap_or_default(),
+        nnodes: a.plan.nnodes as usize,
+        node_rank: a.node_rank.map(|r| r as usize),
+        run_id: a
+            .rdzv_id
+            .clone()
+            .or_else(|| current("SLURM_JOB_ID"))
+            .unwrap_or_else(|| "none".into()),
+        nproc,
+        max_restarts: a.max_restarts,
+        master_port: a.master_port,
+        join_timeout: a.rdzv_timeout,
+        heartbeat_timeout: a.heartbeat_timeout,
+        host: crate::os::hostname(),
+        linger: a.grace + std::time::Duration::from_secs(3),
     }
-    if let Some(report) = supervise::failure_report(outcome, Some(&errors.dir)) {
-        crate::say_text!(report);
-    } else if let Some(sig) = outcome.signal {
-        crate::say!("threadwise: stopped by {}", crate::os::signal_name(sig));
+}
+
+/// The run's settings: what the user typed, checked, with the plan made.
+fn run_settings(a: RunCmd, program: PathBuf, plan: Plan, topology: Topology) -> RunSettings {
+    let cluster = (a.plan.nnodes > 1 || a.rdzv_endpoint.is_some()).then(|| ClusterSettings {
+        agent: agent_config(&a, plan.nproc),
+        report: a.report_node,
+    });
+    RunSettings {
+        command: a.command,
+        program,
+        plan,
+        topology,
+        master_addr: a.master_addr,
+        master_port: a.master_port,
+        grace: a.grace,
+        prefix: !a.no_prefix,
+        show: a.local_ranks_filter,
+        top: a.top,
+        move_workers: !a.no_move_workers,
+        log_dir: a.log_dir,
+        allow_unbound: a.allow_unbound,
+        doctor: !a.no_doctor,
+        quiet: a.quiet,
+        cluster,
     }
-    if outcome.split_lines {
-        crate::say!(
-            "threadwise: a line longer than {} MiB was shown in pieces (the log files keep it whole)",
-            crate::launch::output::MAX_LINE >> 20
-        );
-    }
-    if let Some(dir) = errors.logs() {
-        crate::say!("threadwise: logs in {}", dir.display());
-    }
-    for (file, why) in &outcome.log_errors {
-        crate::say!("threadwise: error: the log {file} is incomplete: {why}");
-    }
-    // Ranks that succeeded with logs lost still make a failed run: exit 3.
-    Ok(match outcome.code() {
-        0 if !outcome.log_errors.is_empty() => Exit(3),
-        code => Exit(code),
-    })
 }
 
 pub fn run(a: RunCmd) -> Result<Exit, Failure> {
-    let Some(program) = a.command.first() else {
+    let Some(first) = a.command.first() else {
         return Err(LaunchError::NoCommand.into());
     };
-    let program = resolve(program)?;
+    let program = resolve(first)?;
     settings::check_run(&a)?;
     let req = request(&a.plan);
     let t = load(&SourceArgs::default())?;
     let p = match &a.plan_file {
         Some(path) => prepare::saved_plan(path, &t)?,
-        None => plan::plan(&t, &req, &prepare::facts(&req))?,
+        None => plan::plan(&t, &req, &crate::topology::probe::facts(&req))?,
     };
     settings::check_run_plan(&a, p.nproc)?;
-    if a.plan.nnodes > 1 || a.rdzv_endpoint.is_some() {
-        return super::nodes::run(&a, &p, &t, program);
+    let dry = a.dry_run;
+    let s = run_settings(a, program, p, t);
+    if dry {
+        return super::emit(&job::dry_run(&s)?);
     }
-    let mut launches = node_launches(&p, &a.command, &a.master_addr, a.master_port)?;
-    if a.dry_run {
-        let contain = crate::launch::contain::JobCgroup::probe();
-        let shown = prepare::dry_run(&p, &launches, !a.no_move_workers, &current);
-        return super::emit(&format!("{shown}containment: {contain}\n"));
-    }
-    before_start(&a, &p, &t, &launches);
-    if let Some(w) = prepare::check_bindings(&mut launches, a.allow_unbound)? {
-        crate::say!("threadwise: warning: {w}");
-    }
-    let errors = ErrorFiles::new(a.log_dir.as_deref())?;
-    let outcome = supervise_ranks(&a, &p, &t, launches, &program, &errors, None, 0)?;
-    finish_run(&a, &outcome, &errors)
-}
-
-/// What `run` says before starting: replaced variables, doctor's preflight,
-/// a log directory that will not hold.
-pub(super) fn before_start(a: &RunCmd, p: &Plan, t: &Topology, launches: &[RankLaunch]) {
-    if let Some(note) = launches
-        .first()
-        .and_then(|l| prepare::overrides_note(l, &current))
-    {
-        crate::say!("threadwise: {note}");
-    }
-    if !a.no_doctor {
-        super::doctor::preflight(t, p.nproc);
-    }
-    if let Some(w) = a.log_dir.as_deref().and_then(settings::log_dir_warning) {
-        crate::say!("threadwise: warning: {w}");
-    }
-}
-
-/// Start this node's ranks and supervise them to the end; `errors` holds
-/// their error files (and `errors.dir` is the log directory, if any).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn supervise_ranks(
-    a: &RunCmd,
-    p: &Plan,
-    t: &Topology,
-    mut launches: Vec<RankLaunch>,
-    program: &std::path::Path,
-    errors: &ErrorFiles,
-    peer: Option<std::sync::Arc<dyn supervise::Peer>>,
-    rank_base: usize,
-) -> Result<supervise::Outcome, LaunchError> {
-    errors.assign(&mut launches);
-    for l in &mut launches {
-        l.program = Some(program.to_path_buf());
-    }
-    let watch = std::sync::Arc::new(crate::top::watch::RunWatch::default());
-    let shown: Vec<String> = a
-        .command
-        .iter()
-        .map(|x| x.to_string_lossy().into_owned())
-        .collect();
-    let log_dir = errors.logs().map(std::path::Path::to_path_buf);
-    let opts = RunOptions {
-        grace: a.grace,
-        output: OutputOptions {
-            rank_base,
-            prefix: !a.no_prefix,
-            // The live view takes the terminal; the output still goes to the logs.
-            show: if a.top {
-                Some(vec![])
-            } else {
-                a.local_ranks_filter.clone()
-            },
-            sink: None,
-        },
-        timeout: None,
-        move_workers: !a.no_move_workers,
-        on_spawned: Some(watch.hook(
-            p,
-            t,
-            shown,
-            log_dir.as_ref().map(|d| d.display().to_string()),
-            a.top,
-        )),
-        log_dir,
-        peer,
-    };
-    let outcome = supervise::run(&launches, &opts);
-    watch.finish();
-    outcome
+    Ok(Exit(job::run(&s)?))
 }
 
 pub fn bind_cmd(a: BindCmd) -> Result<Exit, Failure> {
@@ -197,3 +143,4 @@ pub fn bind_cmd(a: BindCmd) -> Result<Exit, Failure> {
     }
     Err(bind::exec_rank(&l, a.allow_unbound).into())
 }
+

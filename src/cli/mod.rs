@@ -4,7 +4,6 @@
 mod args;
 mod doctor;
 mod launch;
-mod nodes;
 mod settings;
 mod top;
 mod topo;
@@ -14,7 +13,7 @@ use std::io::Write;
 
 use clap::Parser;
 
-pub use args::{Cli, Command, PlanArgs, SourceArgs};
+pub use args::{Cli, Command, SourceArgs};
 
 /// How a command that did its job ends: 0, or the code to pass on (the first
 /// failing rank's, 128+N for a signal, 130 for an interrupted tune), already
@@ -53,7 +52,10 @@ impl Failure {
 
 impl From<crate::plan::PlanError> for Failure {
     fn from(e: crate::plan::PlanError) -> Self {
-        Failure::usage(e.to_string(), crate::launch::prepare::plan_hint(&e))
+        Failure::usage(
+            e.to_string(),
+            e.hint_here(crate::topology::probe::in_srun_step()),
+        )
     }
 }
 

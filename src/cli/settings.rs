@@ -6,9 +6,56 @@
 
 use std::path::PathBuf;
 
+use super::args::{PlanArgs, RunCmd, SourceArgs, TuneCmd};
 use super::Failure;
-use super::args::{RunCmd, TuneCmd};
 use crate::files::check_output;
+use crate::plan::PlanRequest;
+use crate::topology::probe::{self, Source};
+use crate::topology::{Topology, TopologyError};
+
+pub fn topology_failure(e: TopologyError) -> Failure {
+    Failure::env(e.to_string(), e.hint())
+}
+
+/// Where the options say the topology comes from.
+pub fn source(a: &SourceArgs) -> Source {
+    if let Some(root) = &a.root {
+        Source::Root(root.clone())
+    } else if let Some(file) = &a.topology {
+        Source::Xml(file.clone())
+    } else if let Some(desc) = &a.synthetic {
+        Source::Synthetic(desc.clone())
+    } else {
+        Source::Live
+    }
+}
+
+/// Read the topology the options name; the live machine honours CUDA_VISIBLE_DEVICES.
+pub fn load(a: &SourceArgs) -> Result<Topology, Failure> {
+    probe::topology(&source(a)).map_err(topology_failure)
+}
+
+/// The plain request the options describe.
+pub fn request(a: &PlanArgs) -> PlanRequest {
+    PlanRequest {
+        nproc: a.nproc,
+        gpus: a.gpus.clone(),
+        policy: a.policy,
+        smt: a.smt,
+        threads: a.threads,
+        workers: a.workers,
+        mem: a.mem,
+        allocator: a.allocator,
+        profile: a.profile,
+        amp: a.amp,
+        nnodes: a.nnodes as usize,
+        oversubscribe: a.oversubscribe,
+        omp_bind: a.omp_bind,
+        omp_wait: a.omp_wait,
+        reserve: a.reserve.clone(),
+        unset_threads: false,
+    }
+}
 
 /// `run` before planning: a multi-node job needs its rendezvous endpoint.
 pub fn check_run(a: &RunCmd) -> Result<(), Failure> {
@@ -89,27 +136,100 @@ pub fn check_tune(a: &TuneCmd) -> Result<(), Failure> {
     Ok(())
 }
 
-/// A warning when others may write in the log directory: they could plant
-/// files where rank logs go (links are never followed, but a file of theirs
-/// would be overwritten by root).
-pub fn log_dir_warning(dir: &std::path::Path) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(dir).ok()?;
-    // SAFETY: plain syscall.
-    let me = unsafe { libc::geteuid() };
-    if m.mode() & 0o002 != 0 {
-        Some(format!(
-            "--log-dir {}: other users may write in it (mode {:o}); give a directory of your own",
-            dir.display(),
-            m.mode() & 0o7777
-        ))
-    } else if m.uid() != me && m.uid() != 0 {
-        Some(format!(
-            "--log-dir {}: owned by uid {}, not by you (uid {me}); its owner controls the files",
-            dir.display(),
-            m.uid()
-        ))
-    } else {
-        None
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use crate::export::request_args;
+    use crate::plan::AllocatorChoice;
+    use crate::plan::{Amount, GpuSelect, MemPolicy, NProc, Policy, Profile, Reserve, WaitPolicy};
+
+    fn reparse(args: &[String]) -> PlanRequest {
+        let argv = ["threadwise", "bind"]
+            .into_iter()
+            .map(String::from)
+            .chain(args.iter().cloned())
+            .chain(["--".into(), "true".into()]);
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Bind(b) => request(&b.plan),
+            _ => unreachable!(),
+        }
+    }
+
+    fn requests() -> impl Strategy<Value = PlanRequest> {
+        let amount = prop_oneof![Just(Amount::Auto), (1usize..64).prop_map(Amount::Fixed)];
+        (
+            prop_oneof![
+                Just(NProc::Auto),
+                Just(NProc::Gpu),
+                (1usize..64).prop_map(NProc::Count)
+            ],
+            prop_oneof![
+                Just(GpuSelect::Auto),
+                Just(GpuSelect::None),
+                Just(GpuSelect::List(vec![1, 0, 3]))
+            ],
+            proptest::sample::select(Policy::ALL),
+            proptest::sample::select(MemPolicy::ALL),
+            proptest::sample::select(AllocatorChoice::ALL),
+            (
+                proptest::sample::select(Profile::ALL),
+                proptest::sample::select(WaitPolicy::ALL),
+            ),
+            (amount.clone(), amount),
+            (any::<[bool; 4]>(), 1usize..8),
+            prop_oneof![
+                Just(Reserve::None),
+                (1usize..4).prop_map(Reserve::PerNode),
+                Just(Reserve::Cpus(
+                    crate::cpuset::CpuSet::parse_list("0,2-3").unwrap()
+                ))
+            ],
+        )
+            .prop_map(
+                |(
+                    nproc,
+                    gpus,
+                    policy,
+                    mem,
+                    allocator,
+                    (profile, omp_wait),
+                    (threads, workers),
+                    (b, nnodes),
+                    reserve,
+                )| {
+                    PlanRequest {
+                        nproc,
+                        gpus,
+                        policy,
+                        smt: b[0],
+                        threads,
+                        workers,
+                        mem,
+                        allocator,
+                        profile,
+                        amp: b[1],
+                        nnodes,
+                        oversubscribe: b[2],
+                        omp_bind: b[3],
+                        omp_wait,
+                        reserve,
+                        // tune's baseline only: no command-line spelling.
+                        unset_threads: false,
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        /// bind and multi-node runs rebuild the plan from these options on
+        /// every rank: they must mean exactly the request they came from.
+        #[test]
+        fn request_args_reparse_to_the_same_request(req in requests()) {
+            prop_assert_eq!(reparse(&request_args(&req)), req);
+        }
     }
 }

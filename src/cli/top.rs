@@ -2,7 +2,7 @@
 //! lines, or the terminal UI). `run`'s hooks for top are in `top::watch`.
 
 use super::args::TopCmd;
-use super::topo::load;
+use super::settings::load;
 use super::{Exit, Failure, SourceArgs, emit};
 use crate::top::find;
 use crate::top::{Sampler, Target, View, ui};

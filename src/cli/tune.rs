@@ -9,10 +9,10 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::args::TuneCmd;
-use super::topo::{load, request};
+use super::settings::{load, request};
 use super::{Exit, Failure, SourceArgs, emit, settings};
 use crate::files::write_output;
-use crate::launch::prepare::facts_with_allocators;
+use crate::topology::probe::facts_with_allocators;
 use crate::measure::gpu::GpuSampler;
 use crate::plan::{self, Facts, Plan};
 use crate::tune::export::{ReportFiles, ReportFormat, WriteError};

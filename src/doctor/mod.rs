@@ -170,5 +170,25 @@ pub fn preflight(sys: &dyn Sys, topo: &Topology, nproc: usize) -> Vec<Finding> {
         .collect()
 }
 
+/// `preflight` on this machine, said as warn and fail lines on stderr
+/// (what `run` shows before it starts its ranks).
+pub fn say_preflight(topo: &Topology, nproc: usize) {
+    let sys = RealSys {
+        root: std::path::Path::new("/").to_path_buf(),
+    };
+    for f in preflight(&sys, topo, nproc) {
+        let fix = f
+            .fix
+            .as_deref()
+            .map_or(String::new(), |x| format!(" (fix: {x})"));
+        crate::say!(
+            "threadwise: doctor: {} {}: {}{fix}",
+            f.severity,
+            f.id,
+            f.title
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod contain;
 pub mod detect;
 pub mod env;
+pub mod job;
 pub mod machine;
 pub mod output;
 pub mod prepare;

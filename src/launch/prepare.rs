@@ -1,6 +1,5 @@
 //! Getting ranks ready to start, shared by `run`, `bind` and tune's runner:
-//! the live topology and planner facts, a saved plan checked against this
-//! machine, every binding tried before anything starts, the ranks' error
+//! a saved plan checked against this machine, every binding tried before anything starts, the ranks' error
 //! files, `bind`'s own slice under another launcher (with MASTER_ADDR and
 //! MASTER_PORT derived under Slurm), and what `--dry-run` shows. The command line only parses
 //! and calls these.
@@ -12,9 +11,9 @@ use std::path::{Path, PathBuf};
 use super::env::overridden;
 use super::{LaunchError, RankLaunch, check_placements, detect, rank_launch};
 use crate::export::{quote, quote_all};
-use crate::plan::{self, AllocatorChoice, Facts, NProc, Plan, PlanError, PlanRequest};
-use crate::topology::gpus::{self, NvmlUse};
-use crate::topology::{Topology, TopologyError, hwloc_xml, synthetic, sysfs};
+use crate::plan::{self, NProc, Plan, PlanError, PlanRequest};
+use crate::topology::probe::facts;
+use crate::topology::{Topology, TopologyError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PrepareError {
@@ -52,8 +51,8 @@ impl PrepareError {
     pub fn hint(&self) -> String {
         match self {
             PrepareError::Launch(e) => e.hint().into(),
-            PrepareError::Plan(e) => plan_hint(e),
-            PrepareError::Topology(e) => topology_hint(e).into(),
+            PrepareError::Plan(e) => e.hint_here(crate::topology::probe::in_srun_step()),
+            PrepareError::Topology(e) => e.hint().into(),
             PrepareError::PlanUnreadable { .. } | PrepareError::PlanNotAPlan { .. } => {
                 "give a file from threadwise tune --save-plan or plan --json".into()
             }
@@ -84,105 +83,6 @@ impl PrepareError {
             | PrepareError::PlanOtherMachine { .. }
             | PrepareError::ErrorDir(_) => 3,
         }
-    }
-}
-
-/// What to do about a plan this machine cannot satisfy; inside an srun step
-/// (one CPU per task unless asked), too few CPUs names `--cpus-per-task`.
-pub fn plan_hint(e: &PlanError) -> String {
-    match e {
-        PlanError::TooFewCpus { .. } if std::env::var_os("SLURM_STEP_ID").is_some() => format!(
-            "{}; under srun each task gets one CPU unless asked: give the step more with \
-             srun --cpus-per-task=N (-c N)",
-            e.hint()
-        ),
-        e => e.hint().to_string(),
-    }
-}
-
-/// What to do about a topology that cannot be read.
-pub fn topology_hint(e: &TopologyError) -> &'static str {
-    match e {
-        TopologyError::NotARoot { .. } => {
-            "give --root a directory holding sys/ and proc/ (hwloc-gather-topology output)"
-        }
-        TopologyError::Xml { .. } => "give --topology an hwloc v2 export: lstopo --of xml FILE.xml",
-        TopologyError::Synthetic { .. } => {
-            "e.g. --synthetic \"package:2 numa:2 l3:2 core:8 pu:2 gpu:4\""
-        }
-        TopologyError::VisibleDevices { .. } => {
-            "give indices or UUIDs of GPUs this job can open (threadwise topo lists them); \
-             UUIDs need the NVIDIA driver's /proc/driver/nvidia or NVML"
-        }
-        _ => "check the path and permissions",
-    }
-}
-
-/// Where a topology comes from.
-#[derive(Debug, Clone, Default)]
-pub enum Source {
-    /// This machine, narrowed to CUDA_VISIBLE_DEVICES.
-    #[default]
-    Live,
-    /// A /sys + /proc dump (hwloc-gather-topology).
-    Root(PathBuf),
-    /// An hwloc v2 XML export.
-    Xml(PathBuf),
-    /// A synthetic description.
-    Synthetic(String),
-}
-
-/// Read the topology `source` names, its GPUs narrowed to the job's.
-pub fn topology(source: &Source) -> Result<Topology, TopologyError> {
-    topology_with(source, NvmlUse::IfNeeded)
-}
-
-/// `topology`, saying when NVML is loaded (`topo` always loads it).
-pub fn topology_with(source: &Source, nvml: NvmlUse) -> Result<Topology, TopologyError> {
-    match source {
-        Source::Root(root) => {
-            let mut t = sysfs::probe(root, false)?;
-            job_gpus(&mut t, root, false, nvml)?;
-            Ok(t)
-        }
-        Source::Xml(file) => hwloc_xml::load(file),
-        Source::Synthetic(desc) => synthetic::parse(desc),
-        Source::Live => {
-            let mut t = sysfs::probe(Path::new("/"), true)?;
-            job_gpus(&mut t, Path::new("/"), true, nvml)?;
-            Ok(t)
-        }
-    }
-}
-
-/// Narrow the machine's GPUs to those the job may use (topology/gpus.rs).
-fn job_gpus(t: &mut Topology, root: &Path, live: bool, nvml: NvmlUse) -> Result<(), TopologyError> {
-    if t.gpus.is_empty() {
-        return Ok(());
-    }
-    let ev = gpus::gather(root, live, nvml);
-    let (chosen, access) = gpus::decide(&t.gpus, &ev)?;
-    t.gpus = chosen;
-    t.gpu_access = Some(access);
-    Ok(())
-}
-
-/// What the planner may use besides the topology: the allocator libraries on
-/// this machine, looked up only when the request asks for one.
-pub fn facts(req: &PlanRequest) -> Facts {
-    if req.allocator == AllocatorChoice::None {
-        Facts::default()
-    } else {
-        facts_with_allocators()
-    }
-}
-
-/// Facts with the allocator search done (tune: any configuration may ask).
-pub fn facts_with_allocators() -> Facts {
-    let s = crate::host::find_allocators();
-    Facts {
-        allocators: s.found,
-        skipped_allocators: s.skipped,
     }
 }
 

@@ -90,6 +90,21 @@ impl PlanError {
     }
 }
 
+impl PlanError {
+    /// `hint`, with what the place it runs in adds: inside an srun step
+    /// (one CPU per task unless asked), too few CPUs names `--cpus-per-task`.
+    pub fn hint_here(&self, in_srun_step: bool) -> String {
+        match self {
+            PlanError::TooFewCpus { .. } if in_srun_step => format!(
+                "{}; under srun each task gets one CPU unless asked: give the step more with \
+                 srun --cpus-per-task=N (-c N)",
+                self.hint()
+            ),
+            e => e.hint().to_string(),
+        }
+    }
+}
+
 /// One local rank's slice of the node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RankPlan {

@@ -5,6 +5,7 @@
 pub mod cgroup;
 pub mod fsread;
 pub mod gpus;
+pub mod probe;
 pub mod hwloc_xml;
 pub mod render;
 pub mod synthetic;
@@ -34,6 +35,28 @@ pub enum TopologyError {
     Synthetic { text: String, why: String },
     #[error("CUDA_VISIBLE_DEVICES={value:?}: {why}")]
     VisibleDevices { value: String, why: String },
+}
+
+impl TopologyError {
+    /// What to do about a topology that cannot be read.
+    pub fn hint(&self) -> &'static str {
+        match self {
+            TopologyError::NotARoot { .. } => {
+                "give --root a directory holding sys/ and proc/ (hwloc-gather-topology output)"
+            }
+            TopologyError::Xml { .. } => {
+                "give --topology an hwloc v2 export: lstopo --of xml FILE.xml"
+            }
+            TopologyError::Synthetic { .. } => {
+                "e.g. --synthetic \"package:2 numa:2 l3:2 core:8 pu:2 gpu:4\""
+            }
+            TopologyError::VisibleDevices { .. } => {
+                "give indices or UUIDs of GPUs this job can open (threadwise topo lists them); \
+                 UUIDs need the NVIDIA driver's /proc/driver/nvidia or NVML"
+            }
+            _ => "check the path and permissions",
+        }
+    }
 }
 
 /// At most this many NUMA nodes (Linux's MAX_NUMNODES with NODES_SHIFT=10):

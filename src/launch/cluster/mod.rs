@@ -16,6 +16,7 @@
 pub mod agent;
 pub mod coord;
 pub mod netif;
+pub(crate) mod node;
 pub mod proto;
 mod server;
 

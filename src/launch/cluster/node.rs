@@ -1,31 +1,18 @@
-//! `threadwise run --nnodes N`: this node's agent (`launch::cluster`) joins
+//! One node of a multi-node `run` (`--nnodes N`): this node's agent joins
 //! the rendezvous, and every round starts this node's ranks with the same
-//! supervision as a one-node run; the job's end, its root cause and exit
-//! code are the same on every node.
+//! supervision as a one-node run (`job::supervise_node`); the job's end, its
+//! root cause and exit code are the same on every node.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::args::RunCmd;
-use super::launch::{before_start, supervise_ranks};
-use super::{Exit, Failure};
-use crate::launch::cluster::{self, AgentConfig, ClusterError, Start, netif};
+use super::{AgentConfig, Start, netif};
 use crate::launch::env::Job;
+use crate::launch::job::{ClusterSettings, JobError, RunSettings, before_start, supervise_node};
 use crate::launch::prepare::{self, ErrorFiles};
 use crate::launch::supervise::{self, Peer};
 use crate::launch::{RankLaunch, plan_launches};
 use crate::plan::Plan;
-use crate::topology::Topology;
-
-impl From<ClusterError> for Failure {
-    fn from(e: ClusterError) -> Self {
-        Failure {
-            code: e.code(),
-            message: e.to_string(),
-            hint: Some(e.hint()).filter(|h| !h.is_empty()),
-        }
-    }
-}
 
 fn current(k: &str) -> Option<String> {
     std::env::var(k).ok()
@@ -67,27 +54,6 @@ fn collective_ifname(master: &str, launches: &mut [RankLaunch], warn: bool) {
     }
 }
 
-/// The agent's settings from the options; the run id defaults to Slurm's job id.
-fn agent_config(a: &RunCmd, p: &Plan, host: &str) -> AgentConfig {
-    AgentConfig {
-        endpoint: a.rdzv_endpoint.clone().unwrap_or_default(),
-        nnodes: a.plan.nnodes as usize,
-        node_rank: a.node_rank.map(|r| r as usize),
-        run_id: a
-            .rdzv_id
-            .clone()
-            .or_else(|| current("SLURM_JOB_ID"))
-            .unwrap_or_else(|| "none".into()),
-        nproc: p.nproc,
-        max_restarts: a.max_restarts,
-        master_port: a.master_port,
-        join_timeout: a.rdzv_timeout,
-        heartbeat_timeout: a.heartbeat_timeout,
-        host: host.to_string(),
-        linger: a.grace + std::time::Duration::from_secs(3),
-    }
-}
-
 /// What the ranks get before the rendezvous fills in their place: this
 /// node as node `--node-rank` (else 0) of equal nodes, node 0 at the endpoint.
 fn guess(cfg: &AgentConfig, p: &Plan) -> Start {
@@ -109,12 +75,13 @@ fn guess(cfg: &AgentConfig, p: &Plan) -> Start {
 }
 
 /// `--dry-run` of one node: the rendezvous it would join and its ranks.
-fn dry_run(a: &RunCmd, p: &Plan, cfg: &AgentConfig) -> Result<Exit, Failure> {
+pub(crate) fn dry_run(s: &RunSettings, cfg: &AgentConfig) -> String {
+    let p = &s.plan;
     let g = guess(cfg, p);
-    let mut probe = plan_launches(p, &a.command, &job_of(&g, p.nproc, &cfg.run_id));
+    let mut probe = plan_launches(p, &s.command, &job_of(&g, p.nproc, &cfg.run_id));
     collective_ifname(&g.master_addr, &mut probe, false);
-    let shown = prepare::dry_run(p, &probe, !a.no_move_workers, &current);
-    super::emit(&format!(
+    let shown = prepare::dry_run(p, &probe, s.move_workers, &current);
+    format!(
         "node {}: joins the rendezvous at {} (id {:?}) as one of {} node(s); threadwise \
          supervises this node's ranks\n\
          RANK, GROUP_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT below assume {}; the \
@@ -127,22 +94,20 @@ fn dry_run(a: &RunCmd, p: &Plan, cfg: &AgentConfig) -> Result<Exit, Failure> {
             Some(r) => format!("node rank {r}"),
             None => "node rank 0, the same number of ranks on every node".into(),
         }
-    ))
+    )
 }
 
-pub fn run(a: &RunCmd, p: &Plan, t: &Topology, program: PathBuf) -> Result<Exit, Failure> {
-    let host = crate::os::hostname();
-    let cfg = agent_config(a, p, &host);
-    if a.dry_run {
-        return dry_run(a, p, &cfg);
-    }
+/// Join the job and run this node's part of every round; the job's exit code.
+pub(crate) fn run(s: &RunSettings, c: &ClusterSettings) -> Result<i32, JobError> {
+    let (cfg, p) = (&c.agent, &s.plan);
+    let host = cfg.host.clone();
     let mut probe = plan_launches(
         p,
-        &a.command,
-        &job_of(&guess(&cfg, p), p.nproc, &cfg.run_id),
+        &s.command,
+        &job_of(&guess(cfg, p), p.nproc, &cfg.run_id),
     );
-    before_start(a, p, t, &probe);
-    let unbound = match prepare::check_bindings(&mut probe, a.allow_unbound)? {
+    before_start(s, &probe);
+    let unbound = match prepare::check_bindings(&mut probe, s.allow_unbound)? {
         Some(w) => {
             crate::say!("threadwise: warning: {w}");
             true
@@ -150,18 +115,16 @@ pub fn run(a: &RunCmd, p: &Plan, t: &Topology, program: PathBuf) -> Result<Exit,
         None => false,
     };
     let mut node = Node {
-        a,
-        p,
-        t,
-        program,
+        s,
+        report: c.report,
         // Every node's logs under DIR/<host>, so nodes sharing a file system
         // never write each other's files.
-        logs: a.log_dir.as_ref().map(|d| d.join(&host)),
+        logs: s.log_dir.as_ref().map(|d| d.join(&host)),
         unbound,
         run_id: cfg.run_id.clone(),
         // Loaded once (NVML's start can take seconds), for tune's reports.
-        gpu: a
-            .report_node
+        gpu: c
+            .report
             .then(crate::measure::gpu::GpuSampler::new)
             .flatten(),
         host,
@@ -174,7 +137,7 @@ pub fn run(a: &RunCmd, p: &Plan, t: &Topology, program: PathBuf) -> Result<Exit,
         cfg.nnodes,
         cfg.run_id
     );
-    let end = cluster::run(&cfg, |s, peer| node.round(s, peer));
+    let end = super::run(cfg, |st, peer| node.round(st, peer));
     for f in &node.failures {
         crate::say_text!(f);
     }
@@ -185,7 +148,7 @@ pub fn run(a: &RunCmd, p: &Plan, t: &Topology, program: PathBuf) -> Result<Exit,
     if let Some(d) = &node.logs {
         crate::say!("threadwise: logs in {}", d.display());
     }
-    Ok(Exit(end.code))
+    Ok(end.code)
 }
 
 /// The node's use in this round, for `tune --nnodes` (one line on stderr).
@@ -193,7 +156,7 @@ fn report_node(
     host: &str,
     s: &Start,
     p: &Plan,
-    t: &Topology,
+    t: &crate::topology::Topology,
     o: &supervise::Outcome,
     gpu: Option<crate::measure::gpu::GpuSample>,
 ) {
@@ -216,10 +179,9 @@ fn report_node(
 
 /// What every round on this node shares.
 struct Node<'a> {
-    a: &'a RunCmd,
-    p: &'a Plan,
-    t: &'a Topology,
-    program: PathBuf,
+    s: &'a RunSettings,
+    /// Report the node's use after each round (tune --nnodes).
+    report: bool,
     logs: Option<PathBuf>,
     /// The placements were refused and --allow-unbound given.
     unbound: bool,
@@ -233,7 +195,7 @@ struct Node<'a> {
 impl Node<'_> {
     /// One round: this node's ranks, supervised; returns their exit code.
     fn round(&mut self, s: &Start, peer: Arc<dyn Peer>) -> i32 {
-        let (a, p, host) = (self.a, self.p, self.host.clone());
+        let (run, p, host) = (self.s, &self.s.plan, self.host.clone());
         let last = s.rank_offset + p.nproc - 1;
         crate::say!(
             "threadwise: {host}: node {} of {} ({}), ranks {}-{last} of {}, MASTER_ADDR={} MASTER_PORT={}{}",
@@ -250,7 +212,7 @@ impl Node<'_> {
                 String::new()
             }
         );
-        let mut launches = plan_launches(p, &a.command, &job_of(s, p.nproc, &self.run_id));
+        let mut launches = plan_launches(p, &run.command, &job_of(s, p.nproc, &self.run_id));
         if self.unbound {
             for l in &mut launches {
                 l.placement = Default::default();
@@ -271,24 +233,15 @@ impl Node<'_> {
         if let Some(g) = &mut self.gpu {
             g.start(p.gpus(), Default::default());
         }
-        let outcome = supervise_ranks(
-            a,
-            p,
-            self.t,
-            launches,
-            &self.program,
-            &errors,
-            Some(peer),
-            s.rank_offset,
-        );
+        let outcome = supervise_node(run, launches, &errors, Some(peer), s.rank_offset);
         let gpu = self.gpu.as_mut().map(|g| g.stop());
         match outcome {
             Ok(o) => {
-                if !a.quiet {
+                if !run.quiet {
                     crate::say_text!(supervise::summary(&o));
                 }
-                if a.report_node {
-                    report_node(&host, s, p, self.t, &o, gpu);
+                if self.report {
+                    report_node(&host, s, p, &run.topology, &o, gpu);
                 }
                 if let Some(r) = supervise::failure_report(&o, Some(&errors.dir)) {
                     // Local rank numbers, named as such beside the host.
