@@ -143,4 +143,3 @@ pub fn bind_cmd(a: BindCmd) -> Result<Exit, Failure> {
     }
     Err(bind::exec_rank(&l, a.allow_unbound).into())
 }
-

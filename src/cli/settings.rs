@@ -6,8 +6,8 @@
 
 use std::path::PathBuf;
 
-use super::args::{PlanArgs, RunCmd, SourceArgs, TuneCmd};
 use super::Failure;
+use super::args::{PlanArgs, RunCmd, SourceArgs, TuneCmd};
 use crate::files::check_output;
 use crate::plan::PlanRequest;
 use crate::topology::probe::{self, Source};

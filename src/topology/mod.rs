@@ -5,8 +5,8 @@
 pub mod cgroup;
 pub mod fsread;
 pub mod gpus;
-pub mod probe;
 pub mod hwloc_xml;
+pub mod probe;
 pub mod render;
 pub mod synthetic;
 pub mod sysfs;

@@ -19,6 +19,9 @@ pub mod netif;
 pub(crate) mod node;
 pub mod proto;
 mod server;
+pub(crate) mod state;
+#[cfg(test)]
+mod tests;
 
 pub use agent::{AgentConfig, run};
 pub use proto::Start;

@@ -101,11 +101,7 @@ pub(crate) fn dry_run(s: &RunSettings, cfg: &AgentConfig) -> String {
 pub(crate) fn run(s: &RunSettings, c: &ClusterSettings) -> Result<i32, JobError> {
     let (cfg, p) = (&c.agent, &s.plan);
     let host = cfg.host.clone();
-    let mut probe = plan_launches(
-        p,
-        &s.command,
-        &job_of(&guess(cfg, p), p.nproc, &cfg.run_id),
-    );
+    let mut probe = plan_launches(p, &s.command, &job_of(&guess(cfg, p), p.nproc, &cfg.run_id));
     before_start(s, &probe);
     let unbound = match prepare::check_bindings(&mut probe, s.allow_unbound)? {
         Some(w) => {

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::io::BufReader;
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -17,21 +17,71 @@ enum Ev {
     Accepted(Conn, TcpStream, String),
     Msg(Conn, ToHost),
     Closed(Conn, String),
+    /// End serving now, the job over or not.
+    Shutdown,
 }
 
 /// How often the host beats, and checks its nodes.
 pub const BEAT: Duration = Duration::from_secs(1);
 
-/// Start serving on `listener`; the thread ends once the job is over.
-pub fn start(listener: TcpListener, coord: Coordinator) -> std::io::Result<JoinHandle<()>> {
+/// A rendezvous being hosted: its threads, joined by `finish`.
+pub struct Hosted {
+    tx: Sender<Ev>,
+    host: JoinHandle<Coordinator>,
+    accept: JoinHandle<()>,
+}
+
+impl Hosted {
+    /// The job is over and every node was told.
+    pub fn is_finished(&self) -> bool {
+        self.host.is_finished()
+    }
+
+    /// Stop serving (at once, if the job is not over yet), join every thread
+    /// and give back what the coordinator knew.
+    pub fn finish(self) -> Coordinator {
+        let _ = self.tx.send(Ev::Shutdown);
+        let coord = self
+            .host
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e));
+        let _ = self.accept.join();
+        coord
+    }
+}
+
+/// Where to connect to wake the accepting thread (the listener's own
+/// address, its loopback where it listens on every address).
+fn wake_addr(listener: &TcpListener) -> std::io::Result<SocketAddr> {
+    let mut a = listener.local_addr()?;
+    if a.ip().is_unspecified() {
+        a.set_ip(match a.ip() {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        });
+    }
+    Ok(a)
+}
+
+/// Start serving on `listener`; the host thread ends once the job is over
+/// (or `Hosted::finish`), and wakes the accepting thread to end it too.
+pub fn start(listener: TcpListener, coord: Coordinator) -> std::io::Result<Hosted> {
     let (tx, rx) = mpsc::channel();
+    let wake = wake_addr(&listener)?;
     let accept_tx = tx.clone();
-    std::thread::Builder::new()
+    let accept = std::thread::Builder::new()
         .name("rdzv-accept".into())
         .spawn(move || accept_loop(listener, accept_tx))?;
-    std::thread::Builder::new()
+    let serve_tx = tx.clone();
+    let host = std::thread::Builder::new()
         .name("rdzv-host".into())
-        .spawn(move || serve(coord, rx, tx))
+        .spawn(move || {
+            let coord = serve(coord, rx, serve_tx);
+            // The receiver is gone: the accepting thread ends at its next connection.
+            let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+            coord
+        })?;
+    Ok(Hosted { tx, host, accept })
 }
 
 fn accept_loop(listener: TcpListener, tx: Sender<Ev>) {
@@ -77,8 +127,9 @@ struct Peer {
     greeted: bool,
 }
 
-fn serve(mut coord: Coordinator, rx: Receiver<Ev>, tx: Sender<Ev>) {
+fn serve(mut coord: Coordinator, rx: Receiver<Ev>, tx: Sender<Ev>) -> Coordinator {
     let mut peers: HashMap<Conn, Peer> = HashMap::new();
+    let mut readers: Vec<JoinHandle<()>> = vec![];
     let mut next_beat = Instant::now() + BEAT;
     while !coord.over() {
         let wait = next_beat.saturating_duration_since(Instant::now());
@@ -86,9 +137,11 @@ fn serve(mut coord: Coordinator, rx: Receiver<Ev>, tx: Sender<Ev>) {
             Ok(Ev::Accepted(conn, s, addr)) => {
                 if let Ok(r) = s.try_clone() {
                     let tx = tx.clone();
-                    let _ = std::thread::Builder::new()
-                        .name("rdzv-read".into())
-                        .spawn(move || read_loop(conn, r, tx));
+                    readers.extend(
+                        std::thread::Builder::new()
+                            .name("rdzv-read".into())
+                            .spawn(move || read_loop(conn, r, tx)),
+                    );
                 }
                 let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
                 peers.insert(
@@ -111,8 +164,8 @@ fn serve(mut coord: Coordinator, rx: Receiver<Ev>, tx: Sender<Ev>) {
                     vec![]
                 }
             }
+            Ok(Ev::Shutdown) | Err(RecvTimeoutError::Disconnected) => break,
             Err(RecvTimeoutError::Timeout) => vec![],
-            Err(RecvTimeoutError::Disconnected) => return,
         };
         deliver(&mut peers, now_outs);
         if Instant::now() >= next_beat {
@@ -135,6 +188,12 @@ fn serve(mut coord: Coordinator, rx: Receiver<Ev>, tx: Sender<Ev>) {
     for p in peers.values() {
         let _ = p.stream.shutdown(Shutdown::Both);
     }
+    // Every reader's stream is shut down (or its peer gone): each ends.
+    drop(peers);
+    for r in readers {
+        let _ = r.join();
+    }
+    coord
 }
 
 fn on_message(
