@@ -1,9 +1,10 @@
 //! Facts about the host that are not topology: which allocator libraries are
-//! installed, looked up in the places loaders and package managers put them.
+//! installed, looked up in the places loaders and package managers put them,
+//! and the planner's `Facts` made of them.
 
 use std::path::{Path, PathBuf};
 
-use crate::plan::{Allocator, AllocatorKind};
+use crate::plan::{Allocator, AllocatorChoice, AllocatorKind, Facts, PlanRequest};
 
 /// Library directories to search, most specific first. A relative
 /// `$CONDA_PREFIX`/`$VIRTUAL_ENV` is left out: ld.so would resolve it against
@@ -133,6 +134,25 @@ pub fn find_allocators_in(dirs: &[PathBuf]) -> AllocatorSearch {
 /// Allocators on this machine.
 pub fn find_allocators() -> AllocatorSearch {
     find_allocators_in(&library_dirs(&|k| std::env::var(k).ok()))
+}
+
+/// What the planner may use besides the topology: the allocator libraries on
+/// this machine, looked up only when the request asks for one.
+pub fn facts(req: &PlanRequest) -> Facts {
+    if req.allocator == AllocatorChoice::None {
+        Facts::default()
+    } else {
+        facts_with_allocators()
+    }
+}
+
+/// Facts with the allocator search done (tune: any configuration may ask).
+pub fn facts_with_allocators() -> Facts {
+    let s = find_allocators();
+    Facts {
+        allocators: s.found,
+        skipped_allocators: s.skipped,
+    }
 }
 
 #[cfg(test)]

@@ -314,9 +314,17 @@ pub struct RunCmd {
     /// A node (or the rendezvous host) silent this long is lost, and the job ends
     #[arg(long, default_value = "10", value_name = "SECS", value_parser = parse_wait)]
     pub heartbeat_timeout: Duration,
-    /// Print this node's CPU and GPU use after each round (for tune --nnodes)
+    /// Report this node's CPU and GPU use, and global rank 0's throughput, to
+    /// the rendezvous after each round (for tune --nnodes, which hosts it)
     #[arg(long, hide = true)]
     pub report_node: bool,
+    /// With --report-node: read the throughput with this regex (tune's --metric)
+    #[arg(long, hide = true, requires = "report_node")]
+    pub report_metric: Option<String>,
+    /// The plan request as JSON (threadwise.plan/1's `request`), in place of
+    /// the plan options (for tune --nnodes)
+    #[arg(long, hide = true)]
+    pub plan_request: Option<String>,
     /// Restarts of every node's ranks after a rank fails (multi-node, as torchrun)
     #[arg(long, alias = "max_restarts", default_value_t = 0)]
     pub max_restarts: u32,

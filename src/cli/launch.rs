@@ -11,7 +11,9 @@ use crate::launch::cluster::AgentConfig;
 use crate::launch::job::{self, ClusterSettings, JobError, RunSettings};
 use crate::launch::prepare::{self, PrepareError};
 use crate::launch::{LaunchError, bind, resolve};
-use crate::plan::{self, Plan};
+use crate::measure::throughput::Metric;
+use crate::plan::{self, Plan, PlanRequest};
+use crate::top::watch::TopWatcher;
 use crate::topology::Topology;
 
 impl From<LaunchError> for Failure {
@@ -53,7 +55,10 @@ fn agent_config(a: &RunCmd, nproc: usize) -> AgentConfig {
     AgentConfig {
         endpoint: a.rdzv_endpoint.clone().unwrap_or_default(),
         nnodes: a.plan.nnodes as usize,
-        node_rank: a.node_rank.map(|r| r as usize),
+        node_rank: a
+            .node_rank
+            .map(|r| r as usize)
+            .or_else(|| crate::launch::detect::slurm_node_rank(&current, a.plan.nnodes as usize)),
         run_id: a
             .rdzv_id
             .clone()
@@ -70,12 +75,24 @@ fn agent_config(a: &RunCmd, nproc: usize) -> AgentConfig {
 }
 
 /// The run's settings: what the user typed, checked, with the plan made.
-fn run_settings(a: RunCmd, program: PathBuf, plan: Plan, topology: Topology) -> RunSettings {
+fn run_settings(
+    a: RunCmd,
+    program: PathBuf,
+    plan: Plan,
+    topology: Topology,
+) -> Result<RunSettings, Failure> {
+    let report =
+        match a.report_node {
+            true => Some(Metric::new(a.report_metric.as_deref()).map_err(|e| {
+                Failure::usage(e.to_string(), "give a regex with one capture group")
+            })?),
+            false => None,
+        };
     let cluster = (a.plan.nnodes > 1 || a.rdzv_endpoint.is_some()).then(|| ClusterSettings {
         agent: agent_config(&a, plan.nproc),
-        report: a.report_node,
+        report,
     });
-    RunSettings {
+    Ok(RunSettings {
         command: a.command,
         program,
         plan,
@@ -84,15 +101,34 @@ fn run_settings(a: RunCmd, program: PathBuf, plan: Plan, topology: Topology) -> 
         master_port: a.master_port,
         grace: a.grace,
         prefix: !a.no_prefix,
-        show: a.local_ranks_filter,
-        top: a.top,
+        // The live view takes the terminal; the output still goes to the logs.
+        show: if a.top {
+            Some(vec![])
+        } else {
+            a.local_ranks_filter
+        },
         move_workers: !a.no_move_workers,
         log_dir: a.log_dir,
         allow_unbound: a.allow_unbound,
-        doctor: !a.no_doctor,
+        watcher: Some(Box::new(TopWatcher { live: a.top })),
         quiet: a.quiet,
         cluster,
-    }
+    })
+}
+
+/// The plan request: the plan options, or the JSON tune --nnodes hands over.
+fn run_request(a: &RunCmd) -> Result<PlanRequest, Failure> {
+    let Some(json) = &a.plan_request else {
+        return Ok(request(&a.plan));
+    };
+    let mut req: PlanRequest = serde_json::from_str(json).map_err(|e| {
+        Failure::usage(
+            format!("--plan-request is not a plan request: {e}"),
+            "give the `request` object of plan --json",
+        )
+    })?;
+    req.nnodes = a.plan.nnodes as usize;
+    Ok(req)
 }
 
 pub fn run(a: RunCmd) -> Result<Exit, Failure> {
@@ -101,17 +137,20 @@ pub fn run(a: RunCmd) -> Result<Exit, Failure> {
     };
     let program = resolve(first)?;
     settings::check_run(&a)?;
-    let req = request(&a.plan);
+    let req = run_request(&a)?;
     let t = load(&SourceArgs::default())?;
     let p = match &a.plan_file {
         Some(path) => prepare::saved_plan(path, &t)?,
-        None => plan::plan(&t, &req, &crate::topology::probe::facts(&req))?,
+        None => plan::plan(&t, &req, &crate::host::facts(&req))?,
     };
     settings::check_run_plan(&a, p.nproc)?;
-    let dry = a.dry_run;
-    let s = run_settings(a, program, p, t);
+    let (dry, doctor) = (a.dry_run, !a.no_doctor);
+    let s = run_settings(a, program, p, t)?;
     if dry {
         return super::emit(&job::dry_run(&s)?);
+    }
+    if doctor {
+        crate::doctor::say_preflight(&s.topology, s.plan.nproc);
     }
     Ok(Exit(job::run(&s)?))
 }

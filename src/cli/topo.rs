@@ -4,8 +4,9 @@ use super::args::{PlanCmd, TopoArgs};
 use super::settings::{load, request, source, topology_failure};
 use super::{Exit, Failure, emit};
 use crate::export::{Context, PlanFormat};
+use crate::host::facts;
 use crate::plan;
-use crate::topology::probe::{self, facts};
+use crate::topology::probe;
 use crate::topology::{Topology, render};
 
 /// Colour on a terminal, unless NO_COLOR.

@@ -12,12 +12,12 @@ use super::args::TuneCmd;
 use super::settings::{load, request};
 use super::{Exit, Failure, SourceArgs, emit, settings};
 use crate::files::write_output;
+use crate::host::facts_with_allocators;
 use crate::measure::gpu::GpuSampler;
+use crate::measure::throughput::Metric;
 use crate::plan::{self, Facts, Plan};
-use crate::topology::probe::facts_with_allocators;
 use crate::tune::export::{ReportFiles, ReportFormat, WriteError};
 use crate::tune::grid::{self, TuneConfig};
-use crate::tune::metric::Metric;
 use crate::tune::runner::Runner;
 use crate::tune::{Event, TuneOptions, TuneReport, new_report, tune};
 
@@ -115,7 +115,7 @@ fn nodes_runner(
     nnodes: usize,
     argv: Vec<OsString>,
     timeout: Duration,
-) -> Result<crate::tune::nodes::NodesRunner, Failure> {
+) -> Result<crate::tune::srun::SrunRunner, Failure> {
     let env = |k: &str| std::env::var(k).ok();
     let Some(job) = env("SLURM_JOB_ID") else {
         return Err(Failure::usage(
@@ -139,12 +139,7 @@ fn nodes_runner(
     }
     let srun = crate::launch::resolve(&"srun".into())?;
     let list = env("SLURM_JOB_NODELIST").or_else(|| env("SLURM_NODELIST"));
-    let Some(first) = list.as_deref().and_then(crate::launch::detect::first_host) else {
-        return Err(Failure::env(
-            "SLURM_JOB_NODELIST is unset or unreadable",
-            "run tune inside salloc or sbatch, which set it",
-        ));
-    };
+    let host = crate::os::hostname();
     let me = std::env::current_exe().map_err(|e| {
         Failure::env(
             format!("cannot find this binary: {e}"),
@@ -153,16 +148,14 @@ fn nodes_runner(
     })?;
     let cpus = env("SLURM_JOB_CPUS_PER_NODE")
         .as_deref()
-        .and_then(crate::tune::nodes::min_cpus_per_node);
-    // Ports from the job id (tune cannot see which are free on the first
-    // node), so that tunes of different jobs sharing a node do not collide.
-    let port = 30000 + crate::launch::detect::job_id_tail(&job, 3).unwrap_or(0) * 20;
+        .and_then(crate::tune::srun::min_cpus_per_node);
     crate::say!(
-        "threadwise: tuning on {nnodes} node(s) of Slurm job {job} ({}), each trial one srun step; rendezvous on {first}",
+        "threadwise: tuning on {nnodes} node(s) of Slurm job {job} ({}), each trial one srun step; \
+         the rendezvous hosted here ({host}), where every node reports",
         list.unwrap_or_default()
     );
-    Ok(crate::tune::nodes::NodesRunner::new(
-        nnodes, srun, me, first, cpus, argv, timeout, port,
+    Ok(crate::tune::srun::SrunRunner::new(
+        nnodes, srun, me, host, cpus, argv, timeout,
     ))
 }
 

@@ -266,9 +266,43 @@ pub fn slurm_master(env: Env) -> (Option<String>, Option<u16>) {
     (addr.flatten(), port.flatten())
 }
 
+/// Inside an srun step of one task per node across `nnodes` nodes (one
+/// agent per node, as `srun -N2 --ntasks-per-node=1 threadwise run` starts
+/// them, and as tune's trials do): the node's place in the step, as Slurm
+/// numbers it (SLURM_NODEID, Lightning's node rank too).
+pub fn slurm_node_rank(env: Env, nnodes: usize) -> Option<usize> {
+    let num = |k: &str| env(k).and_then(|v| v.trim().parse::<usize>().ok());
+    env("SLURM_STEP_ID")?;
+    let nodes = num("SLURM_STEP_NUM_NODES")?;
+    (nodes == nnodes && num("SLURM_STEP_NUM_TASKS")? == nodes)
+        .then(|| num("SLURM_NODEID"))
+        .flatten()
+        .filter(|r| *r < nnodes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_node_rank_of_one_agent_per_node_under_srun() {
+        let step = [
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_STEP_NUM_NODES", "2"),
+            ("SLURM_STEP_NUM_TASKS", "2"),
+            ("SLURM_NODEID", "1"),
+        ];
+        assert_eq!(slurm_node_rank(&env_of(&step), 2), Some(1));
+        // Another node count, several tasks per node, or no step: no rank.
+        assert_eq!(slurm_node_rank(&env_of(&step), 3), None);
+        let mut many = step;
+        many[2] = ("SLURM_STEP_NUM_TASKS", "4");
+        assert_eq!(slurm_node_rank(&env_of(&many), 2), None);
+        assert_eq!(slurm_node_rank(&env_of(&step[1..]), 2), None);
+        let mut bad = step;
+        bad[3] = ("SLURM_NODEID", "7");
+        assert_eq!(slurm_node_rank(&env_of(&bad), 2), None);
+    }
 
     fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let v: Vec<(String, String)> = pairs

@@ -12,14 +12,22 @@ use std::time::Duration;
 use super::cluster::{AgentConfig, ClusterError};
 use super::output::OutputOptions;
 use super::prepare::{self, ErrorFiles, PrepareError};
-use super::supervise::{self, Peer, RunOptions};
+use super::supervise::{self, Peer, RunOptions, Spawned};
 use super::{LaunchError, RankLaunch, node_launches};
 use crate::plan::Plan;
 use crate::topology::Topology;
 
+/// Who watches a node's ranks while they run (`top`'s state file and `run
+/// --top`'s live view): the command line gives it, launching knows no more.
+pub trait Watcher: Send + Sync {
+    /// For one round: the hook `supervise` calls with the ranks' pids, and
+    /// what to call once they all ended.
+    fn round(&self, s: &RunSettings, log_dir: Option<&Path>)
+    -> (Spawned, Box<dyn FnOnce() + Send>);
+}
+
 /// What `run` was asked to do, checked and resolved: the plan is made, the
 /// program found.
-#[derive(Debug, Clone)]
 pub struct RunSettings {
     /// The command each rank runs, as typed (argv[0] as given).
     pub command: Vec<OsString>,
@@ -31,15 +39,13 @@ pub struct RunSettings {
     pub master_port: Option<u16>,
     pub grace: Duration,
     pub prefix: bool,
-    /// Show only these local ranks' output (`--local-ranks-filter`).
+    /// Show only these local ranks' output (`--local-ranks-filter`; none
+    /// under `run --top`, whose view takes the terminal).
     pub show: Option<Vec<usize>>,
-    /// The live view in place of the ranks' output.
-    pub top: bool,
     pub move_workers: bool,
     pub log_dir: Option<PathBuf>,
     pub allow_unbound: bool,
-    /// doctor's quick checks before starting.
-    pub doctor: bool,
+    pub watcher: Option<Box<dyn Watcher>>,
     /// No per-rank summary at the end.
     pub quiet: bool,
     /// One node of many: the rendezvous to join.
@@ -50,8 +56,9 @@ pub struct RunSettings {
 #[derive(Debug, Clone)]
 pub struct ClusterSettings {
     pub agent: AgentConfig,
-    /// Report this node's use to the rendezvous after each round (tune --nnodes).
-    pub report: bool,
+    /// Report this node's use to the rendezvous after each round, with global
+    /// rank 0's throughput read by this metric (tune --nnodes).
+    pub report: Option<crate::measure::throughput::Metric>,
 }
 
 /// Why a job could not run (its ranks' own failures are exit codes, not these).
@@ -92,7 +99,7 @@ fn current(k: &str) -> Option<String> {
 /// or as one node of many.
 pub fn dry_run(s: &RunSettings) -> Result<String, JobError> {
     if let Some(c) = &s.cluster {
-        return Ok(super::cluster::node::dry_run(s, &c.agent));
+        return Ok(super::cluster::rounds::dry_run(s, &c.agent));
     }
     let launches = node_launches(&s.plan, &s.command, &s.master_addr, s.master_port)?;
     let contain = super::contain::JobCgroup::probe();
@@ -104,7 +111,7 @@ pub fn dry_run(s: &RunSettings) -> Result<String, JobError> {
 /// rank's own (128+N for a signal), 3 when a log was lost.
 pub fn run(s: &RunSettings) -> Result<i32, JobError> {
     if let Some(c) = &s.cluster {
-        return super::cluster::node::run(s, c);
+        return super::cluster::rounds::run(s, c);
     }
     let mut launches = node_launches(&s.plan, &s.command, &s.master_addr, s.master_port)?;
     before_start(s, &launches);
@@ -112,21 +119,18 @@ pub fn run(s: &RunSettings) -> Result<i32, JobError> {
         crate::say!("threadwise: warning: {w}");
     }
     let errors = ErrorFiles::new(s.log_dir.as_deref())?;
-    let outcome = supervise_node(s, launches, &errors, None, 0)?;
+    let outcome = supervise_node(s, launches, &errors, None, 0, None)?;
     Ok(finish(s, &outcome, &errors))
 }
 
-/// What `run` says before starting: replaced variables, doctor's preflight,
-/// a log directory that will not hold.
+/// What `run` says before starting: replaced variables, a log directory
+/// that will not hold.
 pub(crate) fn before_start(s: &RunSettings, launches: &[RankLaunch]) {
     if let Some(note) = launches
         .first()
         .and_then(|l| prepare::overrides_note(l, &current))
     {
         crate::say!("threadwise: {note}");
-    }
-    if s.doctor {
-        crate::doctor::say_preflight(&s.topology, s.plan.nproc);
     }
     if let Some(w) = s.log_dir.as_deref().and_then(log_dir_warning) {
         crate::say!("threadwise: warning: {w}");
@@ -170,41 +174,38 @@ pub(crate) fn supervise_node(
     errors: &ErrorFiles,
     peer: Option<Arc<dyn Peer>>,
     rank_base: usize,
+    sink: Option<super::output::LineSink>,
 ) -> Result<supervise::Outcome, LaunchError> {
     errors.assign(&mut launches);
     for l in &mut launches {
         l.program = Some(s.program.clone());
     }
-    let watch = Arc::new(crate::top::watch::RunWatch::default());
-    let shown: Vec<String> = s
-        .command
-        .iter()
-        .map(|x| x.to_string_lossy().into_owned())
-        .collect();
     let log_dir = errors.logs().map(Path::to_path_buf);
+    let (on_spawned, finish) = match &s.watcher {
+        Some(w) => {
+            let (hook, finish) = w.round(s, log_dir.as_deref());
+            (Some(hook), Some(finish))
+        }
+        None => (None, None),
+    };
     let opts = RunOptions {
         grace: s.grace,
         output: OutputOptions {
             rank_base,
             prefix: s.prefix,
-            // The live view takes the terminal; the output still goes to the logs.
-            show: if s.top { Some(vec![]) } else { s.show.clone() },
-            sink: None,
+            show: s.show.clone(),
+            sink,
         },
         timeout: None,
         move_workers: s.move_workers,
-        on_spawned: Some(watch.hook(
-            &s.plan,
-            &s.topology,
-            shown,
-            log_dir.as_ref().map(|d| d.display().to_string()),
-            s.top,
-        )),
+        on_spawned,
         log_dir,
         peer,
     };
     let outcome = supervise::run(&launches, &opts);
-    watch.finish();
+    if let Some(f) = finish {
+        f();
+    }
     outcome
 }
 

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use super::env::overridden;
 use super::{LaunchError, RankLaunch, check_placements, detect, rank_launch};
 use crate::export::{quote, quote_all};
+use crate::host::facts;
 use crate::plan::{self, NProc, Plan, PlanError, PlanRequest};
-use crate::topology::probe::facts;
 use crate::topology::{Topology, TopologyError};
 
 #[derive(Debug, thiserror::Error)]

@@ -83,7 +83,7 @@ pub struct RankResult {
 }
 
 /// The whole run's end.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Outcome {
     pub results: Vec<RankResult>,
     /// Index of the first rank that failed on its own.
@@ -561,10 +561,24 @@ pub fn summary(o: &Outcome) -> String {
 /// With `errors`, the directory of the ranks' TORCHELASTIC_ERROR_FILEs: the
 /// exception the failing rank recorded is its root cause, as torchrun says.
 pub fn failure_report(o: &Outcome, errors: Option<&std::path::Path>) -> Option<String> {
+    failure_report_on(o, errors, None)
+}
+
+/// `failure_report`; on one node of many (`host`) the line names the host
+/// and calls the rank local: "host1: error: local rank 1 (pid ...)".
+pub fn failure_report_on(
+    o: &Outcome,
+    errors: Option<&std::path::Path>,
+    host: Option<&str>,
+) -> Option<String> {
     let i = o.first_failure?;
     let r = &o.results[i];
+    let who = match host {
+        Some(h) => format!("{h}: error: local rank"),
+        None => "error: rank".into(),
+    };
     let mut s = format!(
-        "error: rank {} (pid {}) {}\n",
+        "{who} {} (pid {}) {}\n",
         r.local_rank,
         r.pid,
         r.exit.describe()

@@ -1,8 +1,12 @@
 //! Measuring what runs, the one reader of live processes and of the machine's
 //! load: `process` (one-shot reads of /proc/PID for launch and top), `proc`
 //! (the sampler `top` polls: threads, CPU, context switches, NUMA pages) and
-//! `gpu` (NVML, loaded at run time so the binary needs no NVIDIA library).
+//! `gpu` (NVML, loaded at run time so the binary needs no NVIDIA library),
+//! and `throughput` (the rate a job prints, by `rates`' rules or the user's
+//! `--metric`), read by tune's trials and by a node agent's report alike.
 
 pub mod gpu;
 pub mod proc;
 pub mod process;
+pub mod rates;
+pub mod throughput;

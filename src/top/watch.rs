@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::find::{self, RunState, STATE_SCHEMA};
 use super::{Sampler, Target, ui};
+use crate::launch::job::{RunSettings, Watcher};
 use crate::launch::supervise::Spawned;
 use crate::plan::Plan;
 use crate::topology::Topology;
@@ -99,5 +100,35 @@ impl RunWatch {
         {
             let _ = std::fs::remove_file(f);
         }
+    }
+}
+
+/// `run`'s watcher: each round's state file, and with `live` (`run --top`)
+/// the view in place of the ranks' output.
+#[derive(Debug, Clone, Copy)]
+pub struct TopWatcher {
+    pub live: bool,
+}
+
+impl Watcher for TopWatcher {
+    fn round(
+        &self,
+        s: &RunSettings,
+        log_dir: Option<&std::path::Path>,
+    ) -> (Spawned, Box<dyn FnOnce() + Send>) {
+        let w = Arc::new(RunWatch::default());
+        let shown = s
+            .command
+            .iter()
+            .map(|x| x.to_string_lossy().into_owned())
+            .collect();
+        let hook = w.hook(
+            &s.plan,
+            &s.topology,
+            shown,
+            log_dir.map(|d| d.display().to_string()),
+            self.live,
+        );
+        (hook, Box::new(move || w.finish()))
     }
 }

@@ -1,14 +1,13 @@
 //! The probe entry point: where a topology comes from (the live machine, a
 //! /sys + /proc dump, an hwloc XML export, a synthetic description), its GPUs
-//! narrowed to the job's (`gpus`), and the facts the planner may use besides
-//! it (the allocator libraries installed). `topo`, `plan`, `run`, `bind`,
-//! `tune`, `doctor` and `top` all start here; nothing here launches.
+//! narrowed to the job's (`gpus`). `topo`, `plan`, `run`, `bind`, `tune`,
+//! `doctor` and `top` all start here (the planner's other facts, the
+//! allocators installed, come from `host`); nothing here launches.
 
 use std::path::{Path, PathBuf};
 
 use super::gpus::{self, NvmlUse};
 use super::{Topology, TopologyError, hwloc_xml, synthetic, sysfs};
-use crate::plan::{AllocatorChoice, Facts, PlanRequest};
 
 /// Where a topology comes from.
 #[derive(Debug, Clone, Default)]
@@ -57,25 +56,6 @@ fn job_gpus(t: &mut Topology, root: &Path, live: bool, nvml: NvmlUse) -> Result<
     t.gpus = chosen;
     t.gpu_access = Some(access);
     Ok(())
-}
-
-/// What the planner may use besides the topology: the allocator libraries on
-/// this machine, looked up only when the request asks for one.
-pub fn facts(req: &PlanRequest) -> Facts {
-    if req.allocator == AllocatorChoice::None {
-        Facts::default()
-    } else {
-        facts_with_allocators()
-    }
-}
-
-/// Facts with the allocator search done (tune: any configuration may ask).
-pub fn facts_with_allocators() -> Facts {
-    let s = crate::host::find_allocators();
-    Facts {
-        allocators: s.found,
-        skipped_allocators: s.skipped,
-    }
 }
 
 /// Inside an srun step: each task gets one CPU unless asked, which the hint of

@@ -8,17 +8,16 @@
 
 pub mod export;
 pub mod grid;
-pub mod metric;
 mod model;
-pub mod nodes;
 mod outcome;
-pub mod rates;
 pub mod report;
 pub mod runner;
 mod session;
 #[cfg(test)]
 mod sim;
+pub mod srun;
 pub mod stats;
+mod trial;
 
 pub use grid::TuneConfig;
 pub use model::*;

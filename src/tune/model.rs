@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use super::TuneConfig;
 use super::grid::Role;
-use super::metric::{self, Metric};
 use super::stats::{Paired, Summary};
+use crate::measure::throughput::{self as metric, Metric};
 
 fn default_level() -> f64 {
     0.95
@@ -110,31 +110,7 @@ impl TrialOutcome {
     }
 }
 
-/// One node's part of a multi-node trial, as its agent reported it
-/// (`threadwise run --report-node`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NodeUsage {
-    pub host: String,
-    pub node_rank: usize,
-    pub ranks: usize,
-    pub wall_s: f64,
-    /// CPU seconds of the node's ranks and their children.
-    pub cpu_s: f64,
-    /// The node's CPU budget (allowed CPUs capped by its cgroup quota).
-    pub cpu_budget: f64,
-    pub voluntary_cs: i64,
-    pub involuntary_cs: i64,
-    pub peak_rss_kib: i64,
-    /// Mean utilisation of the node's GPUs that the plan used, where NVML answers.
-    pub gpu_util_pct: Option<f64>,
-}
-
-impl NodeUsage {
-    /// CPU % of the node's budget.
-    pub fn cpu_util_pct(&self) -> f64 {
-        100.0 * self.cpu_s / (self.wall_s.max(1e-9) * self.cpu_budget.max(1e-9))
-    }
-}
+pub use crate::launch::cluster::proto::NodeUsage;
 
 /// A node's figures in one trial.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -7,13 +7,14 @@ use std::ffi::OsString;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::metric::{Hit, Metric};
-use super::{LaunchKey, TrialEnd, TrialOutcome, TuneConfig};
+use super::trial::Used;
+use super::{LaunchKey, TrialOutcome, TuneConfig};
 use crate::launch::output::{LineSink, OutputOptions};
 use crate::launch::supervise::{self, RunOptions, Spawned};
 use crate::launch::{RankLaunch, check_placements, node_launches, plan_launches};
 use crate::measure::gpu::{GpuSampler, JobPids};
 use crate::measure::proc::{ProcReader, ticks_per_second};
+use crate::measure::throughput::{Hit, Metric};
 use crate::plan::{Facts, Plan, plan};
 use crate::topology::Topology;
 
@@ -125,26 +126,8 @@ impl super::TrialRunner for Runner {
             Ok(o) => o,
             Err(e) => return TrialOutcome::not_started(e.to_string()),
         };
-        let end = if o.signal.is_some() {
-            TrialEnd::Interrupted
-        } else if o.timed_out {
-            TrialEnd::TimedOut
-        } else if let Some(i) = o.first_failure {
-            let r = &o.results[i];
-            TrialEnd::RankFailed {
-                local_rank: r.local_rank,
-                pid: r.pid,
-                exit: r.exit,
-            }
-        } else {
-            TrialEnd::Ok
-        };
-        let tail = o
-            .first_failure
-            .and_then(|i| o.tails.get(i).cloned())
-            .unwrap_or_default();
         let hit = hit.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let cpu: Duration = o.results.iter().map(|r| r.cpu).sum();
+        let mut t = TrialOutcome::of(&o, hit, Used::of_ranks(&o));
         // What else the machine did meanwhile: its busy time less the job's
         // own (ranks and their waited-for children; our supervisor's few ms
         // count as outside), and what the hypervisor stole.
@@ -155,32 +138,20 @@ impl super::TrialRunner for Runner {
             (Some(b), Some(a)) if ticks >= 100.0 => {
                 let (busy, steal) = b.since(a);
                 (
-                    Some(Duration::from_secs_f64((busy - cpu.as_secs_f64()).max(0.0))),
+                    Some(Duration::from_secs_f64(
+                        (busy - t.cpu.as_secs_f64()).max(0.0),
+                    )),
                     Some(Duration::from_secs_f64(steal)),
                 )
             }
             _ => (None, None),
         };
-        TrialOutcome {
-            end,
-            hit,
-            wall: o.wall,
-            cpu,
-            voluntary_cs: o.results.iter().map(|r| r.voluntary_cs).sum(),
-            involuntary_cs: o.results.iter().map(|r| r.involuntary_cs).sum(),
-            peak_rss_kib: o.results.iter().map(|r| r.max_rss_kib).sum(),
-            stderr_tail: if o.timed_out && tail.is_empty() {
-                o.tails.first().cloned().unwrap_or_default()
-            } else {
-                tail
-            },
-            gpu_util_pct: gpu.as_ref().and_then(|g| g.util_pct),
-            gpu_mem_mib: gpu.as_ref().and_then(|g| g.mem_mib),
-            gpu_job_mem_mib: gpu.as_ref().and_then(|g| g.job_mem_mib),
-            gpu_others: gpu.map(|g| g.others).unwrap_or_default(),
-            outside_cpu: outside,
-            steal,
-            nodes: vec![],
-        }
+        t.gpu_util_pct = gpu.as_ref().and_then(|g| g.util_pct);
+        t.gpu_mem_mib = gpu.as_ref().and_then(|g| g.mem_mib);
+        t.gpu_job_mem_mib = gpu.as_ref().and_then(|g| g.job_mem_mib);
+        t.gpu_others = gpu.map(|g| g.others).unwrap_or_default();
+        t.outside_cpu = outside;
+        t.steal = steal;
+        t
     }
 }

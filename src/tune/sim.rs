@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::grid::Role;
-use super::metric::Metric;
 use super::{Strategy, TrialOutcome, TrialRunner, TuneConfig, TuneOptions, TuneReport};
+use crate::measure::throughput::Metric;
 use crate::plan::PlanRequest;
 
 /// splitmix64: small, seeded, good enough for noise.

@@ -1,7 +1,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::metric::Metric;
+use crate::measure::throughput::Metric;
 
 use super::*;
 use crate::plan::PlanRequest;
@@ -102,7 +102,7 @@ fn opts(runs: usize, warmup: usize, strategy: Strategy) -> TuneOptions {
         max_runs: runs,
         warmup,
         strategy,
-        metric: metric::Metric::new(None).unwrap(),
+        metric: Metric::new(None).unwrap(),
         cpu_budget: 2.0,
         seed: 7,
     }

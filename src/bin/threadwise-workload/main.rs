@@ -526,7 +526,7 @@ fn main() {
         );
         println!(
             "{}{:.1} samples/s",
-            threadwise::tune::rates::CANONICAL,
+            threadwise::measure::rates::CANONICAL,
             samples / elapsed
         );
     }

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::coord::Coordinator;
-use super::proto::{self, Hello, PROTOCOL, Start, ToHost};
+use super::proto::{self, Hello, PROTOCOL, Report, Start, ToHost};
 use super::server;
 use super::state::{Action, AgentState, Event};
 use super::{ClusterError, JobEnd};
@@ -166,11 +166,25 @@ fn coordinator(cfg: &AgentConfig) -> Coordinator {
     )
 }
 
+/// How a round's ranks ended on this node: their exit code, and the node's
+/// report when one was asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundEnd {
+    pub code: i32,
+    pub report: Option<Report>,
+}
+
+impl From<i32> for RoundEnd {
+    fn from(code: i32) -> Self {
+        RoundEnd { code, report: None }
+    }
+}
+
 /// Join the job and run its rounds: `round` starts and supervises this
-/// node's ranks for a `Start` and returns their exit code.
+/// node's ranks for a `Start` and says how they ended.
 pub fn run(
     cfg: &AgentConfig,
-    round: impl FnMut(&Start, Arc<dyn Peer>) -> i32,
+    round: impl FnMut(&Start, Arc<dyn Peer>) -> RoundEnd,
 ) -> Result<JobEnd, ClusterError> {
     let pipe = SignalPipe::get().map_err(|e| ClusterError::Io(e.to_string()))?;
     let addrs: Vec<SocketAddr> = cfg
@@ -208,7 +222,7 @@ fn join_and_run(
     addrs: &[SocketAddr],
     hosting: bool,
     pipe: &SignalPipe,
-    mut round: impl FnMut(&Start, Arc<dyn Peer>) -> i32,
+    mut round: impl FnMut(&Start, Arc<dyn Peer>) -> RoundEnd,
 ) -> Result<JobEnd, ClusterError> {
     let stream = connect(addrs, cfg, pipe)?;
     let _ = stream.set_nodelay(true);
@@ -271,14 +285,14 @@ fn rounds(
     link: &Arc<Link>,
     rx: &Receiver<Action>,
     pipe: &SignalPipe,
-    round: &mut impl FnMut(&Start, Arc<dyn Peer>) -> i32,
+    round: &mut impl FnMut(&Start, Arc<dyn Peer>) -> RoundEnd,
 ) -> Result<JobEnd, ClusterError> {
     loop {
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(Action::Start(s)) => {
-                let code = round(&s, link.clone() as Arc<dyn Peer>);
+                let RoundEnd { code, report } = round(&s, link.clone() as Arc<dyn Peer>);
                 let port = crate::launch::env::free_port().unwrap_or(29500);
-                link.apply(Event::RoundEnded { code, port });
+                link.apply(Event::RoundEnded { code, port, report });
             }
             Ok(Action::Finish(r)) => return r,
             Ok(Action::Send(m)) => link.send(&m),

@@ -6,13 +6,14 @@
 
 use std::time::{Duration, Instant};
 
-use super::proto::{Failure, Hello, Start, ToAgent};
+use super::proto::{Failure, Hello, Report, Start, ToAgent};
 
 /// A connection's id, given by the server.
 pub type Conn = usize;
 
+/// A node that joined the job.
 #[derive(Debug, Clone)]
-struct Node {
+struct Member {
     conn: Conn,
     hello: Hello,
     /// The address the node connected from (MASTER_ADDR when it is node 0).
@@ -45,9 +46,11 @@ pub struct Coordinator {
     master_port: Option<u16>,
     join_timeout: Duration,
     heartbeat_timeout: Duration,
-    nodes: Vec<Node>,
+    nodes: Vec<Member>,
     phase: Phase,
     round: u32,
+    /// The nodes' reports of the latest round that sent any.
+    reports: Vec<(u32, Report)>,
 }
 
 /// A message for one connection; `close` after sending it.
@@ -78,7 +81,28 @@ impl Coordinator {
             nodes: vec![],
             phase: Phase::Joining { since: now },
             round: 0,
+            reports: vec![],
         }
+    }
+
+    /// A node's report of a round (kept by node rank; an earlier round's are dropped).
+    pub fn report(&mut self, conn: Conn, round: u32, report: Report) {
+        let Some(i) = self.index(conn) else {
+            return;
+        };
+        let mut report = report;
+        // The node rank is ours to say, not the node's.
+        report.usage.node_rank = self.nodes[i].node_rank;
+        self.reports.retain(|(r, _)| *r == round);
+        self.reports
+            .retain(|(_, x)| x.usage.node_rank != report.usage.node_rank);
+        self.reports.push((round, report));
+        self.reports.sort_by_key(|(_, x)| x.usage.node_rank);
+    }
+
+    /// The latest round's reports, by node rank.
+    pub fn reports(&self) -> Vec<Report> {
+        self.reports.iter().map(|(_, r)| r.clone()).collect()
     }
 
     /// The job is over: every node was told how it ended.
@@ -146,7 +170,7 @@ impl Coordinator {
                 );
             }
         }
-        self.nodes.push(Node {
+        self.nodes.push(Member {
             conn,
             hello,
             addr: addr.to_string(),

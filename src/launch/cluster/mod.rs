@@ -16,15 +16,38 @@
 pub mod agent;
 pub mod coord;
 pub mod netif;
-pub(crate) mod node;
 pub mod proto;
+pub(crate) mod rounds;
 mod server;
 pub(crate) mod state;
 #[cfg(test)]
 mod tests;
 
-pub use agent::{AgentConfig, run};
+pub use agent::{AgentConfig, RoundEnd, run};
 pub use proto::Start;
+pub use server::Hosted;
+
+/// Host a rendezvous on `listener` without taking part (`tune --nnodes`
+/// hosts each trial's, to hear the nodes' reports): no restarts, MASTER_PORT
+/// from node 0.
+pub fn host(
+    listener: std::net::TcpListener,
+    nnodes: usize,
+    run_id: &str,
+    join_timeout: std::time::Duration,
+    heartbeat_timeout: std::time::Duration,
+) -> std::io::Result<Hosted> {
+    let coord = coord::Coordinator::new(
+        nnodes,
+        run_id,
+        0,
+        None,
+        join_timeout,
+        heartbeat_timeout,
+        std::time::Instant::now(),
+    );
+    server::start(listener, coord)
+}
 
 /// How a multi-node job ended for this node.
 #[derive(Debug, Clone)]

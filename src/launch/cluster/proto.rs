@@ -6,6 +6,8 @@ use std::io::{BufRead, Write};
 
 use serde::{Deserialize, Serialize};
 
+use crate::measure::throughput::Hit;
+
 /// The protocol's name and version, in every hello.
 pub const PROTOCOL: &str = "threadwise.rdzv/1";
 
@@ -52,6 +54,40 @@ pub struct Start {
     pub hosts: Vec<String>,
 }
 
+/// One node's part of a multi-node trial, as its agent reported it
+/// (`threadwise run --report-node`, in its `Report`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeUsage {
+    pub host: String,
+    pub node_rank: usize,
+    pub ranks: usize,
+    pub wall_s: f64,
+    /// CPU seconds of the node's ranks and their children.
+    pub cpu_s: f64,
+    /// The node's CPU budget (allowed CPUs capped by its cgroup quota).
+    pub cpu_budget: f64,
+    pub voluntary_cs: i64,
+    pub involuntary_cs: i64,
+    pub peak_rss_kib: i64,
+    /// Mean utilisation of the node's GPUs that the plan used, where NVML answers.
+    pub gpu_util_pct: Option<f64>,
+}
+
+impl NodeUsage {
+    /// CPU % of the node's budget.
+    pub fn cpu_util_pct(&self) -> f64 {
+        100.0 * self.cpu_s / (self.wall_s.max(1e-9) * self.cpu_budget.max(1e-9))
+    }
+}
+
+/// What a node reports of a round for `tune --nnodes` (`run --report-node`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub usage: NodeUsage,
+    /// The throughput global rank 0 printed, on the node that ran it.
+    pub hit: Option<Hit>,
+}
+
 /// Node to rendezvous host.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
@@ -62,6 +98,11 @@ pub enum ToHost {
     },
     Beat,
     Failed(Failure),
+    /// The node's use in `round` (sent before its Ended).
+    Report {
+        round: u32,
+        report: Report,
+    },
     /// Every rank of the node ended in `round` (`code`: 0 or the failure's).
     Ended {
         round: u32,

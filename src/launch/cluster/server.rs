@@ -228,6 +228,10 @@ fn on_message(
         }
         ToHost::Beat => vec![],
         ToHost::Failed(f) => coord.failed(conn, f),
+        ToHost::Report { round, report } => {
+            coord.report(conn, round, report);
+            vec![]
+        }
         ToHost::Ended { round, code, port } => coord.ended(conn, round, code, port),
     }
 }

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::proto::{Failure, Start, ToAgent, ToHost};
+use super::proto::{Failure, Report, Start, ToAgent, ToHost};
 use super::{ClusterError, JobEnd};
 use crate::launch::supervise::LocalFailure;
 
@@ -24,8 +24,13 @@ pub enum Event {
     Signal(i32),
     /// This node's part went wrong on its own during a round.
     Local(LocalFailure),
-    /// The round's ranks all ended with `code`; `port` is free here for the next.
-    RoundEnded { code: i32, port: u16 },
+    /// The round's ranks all ended with `code` (and the node's report, when
+    /// asked for); `port` is free here for the next.
+    RoundEnded {
+        code: i32,
+        port: u16,
+        report: Option<Report>,
+    },
 }
 
 /// What the agent does.
@@ -174,7 +179,7 @@ impl AgentState {
                 out
             }
             Event::Local(what) => self.local(what),
-            Event::RoundEnded { code, port } => self.round_ended(code, port),
+            Event::RoundEnded { code, port, report } => self.round_ended(code, port, report),
         }
     }
 
@@ -234,18 +239,27 @@ impl AgentState {
         vec![Action::Send(ToHost::Failed(f))]
     }
 
-    fn round_ended(&mut self, code: i32, port: u16) -> Vec<Action> {
+    fn round_ended(&mut self, code: i32, port: u16, report: Option<Report>) -> Vec<Action> {
         let Some(st) = self.running.take() else {
             return vec![];
         };
         if let Some(why) = self.lost.clone() {
             return self.finish(Err(ClusterError::Lost(why)));
         }
-        let mut out = vec![Action::Send(ToHost::Ended {
+        let mut out: Vec<Action> = report
+            .map(|report| {
+                Action::Send(ToHost::Report {
+                    round: st.round,
+                    report,
+                })
+            })
+            .into_iter()
+            .collect();
+        out.push(Action::Send(ToHost::Ended {
             round: st.round,
             code,
             port,
-        })];
+        }));
         // Stopped by the user: the others were told; we do not wait.
         match self.failed.clone() {
             Some(f) if !f.restartable => out.extend(self.finish(Ok(JobEnd {
@@ -311,7 +325,14 @@ mod tests {
         let out = a.on(Event::Msg(ToAgent::Start(start(0))), t0);
         assert!(matches!(&out[..], [Action::Start(s)] if s.round == 0));
         assert!(!a.stop_requested(t0));
-        let out = a.on(Event::RoundEnded { code: 0, port: 7 }, t0);
+        let out = a.on(
+            Event::RoundEnded {
+                code: 0,
+                port: 7,
+                report: None,
+            },
+            t0,
+        );
         assert_eq!(
             sent(&out),
             vec![&ToHost::Ended {
@@ -373,11 +394,25 @@ mod tests {
         );
         assert!(a.stop_requested(t0));
         // A restart's start clears the stop and the failure.
-        let out = a.on(Event::RoundEnded { code: 3, port: 1 }, t0);
+        let out = a.on(
+            Event::RoundEnded {
+                code: 3,
+                port: 1,
+                report: None,
+            },
+            t0,
+        );
         assert!(finished(&out).is_none());
         a.on(Event::Msg(ToAgent::Start(start(1))), t0);
         assert!(!a.stop_requested(t0));
-        let out = a.on(Event::RoundEnded { code: 0, port: 1 }, t0);
+        let out = a.on(
+            Event::RoundEnded {
+                code: 0,
+                port: 1,
+                report: None,
+            },
+            t0,
+        );
         assert!(matches!(
             sent(&out)[..],
             [ToHost::Ended {
@@ -395,7 +430,14 @@ mod tests {
         a.on(Event::Msg(ToAgent::Start(start(0))), t0);
         assert!(!a.stop_requested(t0 + Duration::from_secs(2)));
         assert!(a.stop_requested(t0 + Duration::from_secs(3)));
-        let out = a.on(Event::RoundEnded { code: 0, port: 1 }, t0);
+        let out = a.on(
+            Event::RoundEnded {
+                code: 0,
+                port: 1,
+                report: None,
+            },
+            t0,
+        );
         assert!(sent(&out).is_empty(), "no Ended to a lost host");
         let Some(Err(ClusterError::Lost(why))) = finished(&out) else {
             panic!("{out:?}")
@@ -417,7 +459,14 @@ mod tests {
         a.on(Event::Msg(ToAgent::Start(start(0))), t0);
         assert!(a.on(Event::Closed("closed".into()), t0).is_empty());
         assert!(a.stop_requested(t0));
-        let out = a.on(Event::RoundEnded { code: 143, port: 1 }, t0);
+        let out = a.on(
+            Event::RoundEnded {
+                code: 143,
+                port: 1,
+                report: None,
+            },
+            t0,
+        );
         assert!(matches!(finished(&out), Some(Err(ClusterError::Lost(_)))));
     }
 
@@ -455,7 +504,14 @@ mod tests {
         let mut a = agent(t0);
         a.on(Event::Msg(ToAgent::Start(start(0))), t0);
         a.on(Event::Local(LocalFailure::Signal(libc::SIGINT)), t0);
-        let out = a.on(Event::RoundEnded { code: 130, port: 1 }, t0);
+        let out = a.on(
+            Event::RoundEnded {
+                code: 130,
+                port: 1,
+                report: None,
+            },
+            t0,
+        );
         assert!(matches!(sent(&out)[..], [ToHost::Ended { code: 130, .. }]));
         let Some(Ok(end)) = finished(&out) else {
             panic!("{out:?}")

@@ -60,7 +60,7 @@ fn agents(cfgs: Vec<(AgentConfig, Round)>) -> Vec<(Result<JobEnd, ClusterError>,
                 let s = seen.clone();
                 let end = run(&cfg, move |st, peer| {
                     s.lock().unwrap().push(st.clone());
-                    round(st, peer)
+                    round(st, peer).into()
                 });
                 let seen = seen.lock().unwrap().clone();
                 (end, seen)

@@ -104,6 +104,11 @@ impl Metric {
         Ok(Metric { re: Some(re) })
     }
 
+    /// The user's pattern (`--metric`), None for the default rules.
+    pub fn pattern(&self) -> Option<&str> {
+        self.re.as_ref().map(Regex::as_str)
+    }
+
     /// The value one line reports, if any.
     pub fn scan(&self, rank: usize, line: &str) -> Option<Hit> {
         let (value, unit, kind) = match &self.re {

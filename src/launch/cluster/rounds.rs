@@ -4,14 +4,17 @@
 //! root cause and exit code are the same on every node.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use super::{AgentConfig, Start, netif};
+use super::proto::{NodeUsage, Report};
+use super::{AgentConfig, RoundEnd, Start, netif};
 use crate::launch::env::Job;
 use crate::launch::job::{ClusterSettings, JobError, RunSettings, before_start, supervise_node};
+use crate::launch::output::LineSink;
 use crate::launch::prepare::{self, ErrorFiles};
 use crate::launch::supervise::{self, Peer};
 use crate::launch::{RankLaunch, plan_launches};
+use crate::measure::throughput::{Hit, Metric};
 use crate::plan::Plan;
 
 fn current(k: &str) -> Option<String> {
@@ -110,9 +113,9 @@ pub(crate) fn run(s: &RunSettings, c: &ClusterSettings) -> Result<i32, JobError>
         }
         None => false,
     };
-    let mut node = Node {
+    let mut node = Rounds {
         s,
-        report: c.report,
+        report: c.report.clone(),
         // Every node's logs under DIR/<host>, so nodes sharing a file system
         // never write each other's files.
         logs: s.log_dir.as_ref().map(|d| d.join(&host)),
@@ -121,8 +124,8 @@ pub(crate) fn run(s: &RunSettings, c: &ClusterSettings) -> Result<i32, JobError>
         // Loaded once (NVML's start can take seconds), for tune's reports.
         gpu: c
             .report
-            .then(crate::measure::gpu::GpuSampler::new)
-            .flatten(),
+            .as_ref()
+            .and_then(|_| crate::measure::gpu::GpuSampler::new()),
         host,
         failures: vec![],
     };
@@ -147,16 +150,16 @@ pub(crate) fn run(s: &RunSettings, c: &ClusterSettings) -> Result<i32, JobError>
     Ok(end.code)
 }
 
-/// The node's use in this round, for `tune --nnodes` (one line on stderr).
-fn report_node(
+/// The node's use in this round, for `tune --nnodes`.
+fn usage(
     host: &str,
     s: &Start,
     p: &Plan,
     t: &crate::topology::Topology,
     o: &supervise::Outcome,
     gpu: Option<crate::measure::gpu::GpuSample>,
-) {
-    let u = crate::tune::NodeUsage {
+) -> NodeUsage {
+    NodeUsage {
         host: host.to_string(),
         node_rank: s.node_rank,
         ranks: p.nproc,
@@ -167,17 +170,29 @@ fn report_node(
         involuntary_cs: o.results.iter().map(|r| r.involuntary_cs).sum(),
         peak_rss_kib: o.results.iter().map(|r| r.max_rss_kib).sum(),
         gpu_util_pct: gpu.and_then(|g| g.util_pct),
-    };
-    if let Ok(json) = serde_json::to_string(&u) {
-        crate::say!("{}{json}", crate::tune::nodes::NODE_LINE);
     }
 }
 
+/// A sink that reads the throughput global rank 0 prints (this node's local
+/// rank 0, when the node's first rank is global rank 0).
+fn rank0_sink(metric: &Metric, s: &Start, best: &Arc<Mutex<Option<Hit>>>) -> Option<LineSink> {
+    if s.rank_offset != 0 {
+        return None;
+    }
+    let (m, best) = (metric.clone(), best.clone());
+    Some(Arc::new(move |rank, line| {
+        if let Some(hit) = (rank == 0).then(|| m.scan(0, line)).flatten() {
+            hit.keep_in(&best);
+        }
+    }))
+}
+
 /// What every round on this node shares.
-struct Node<'a> {
+struct Rounds<'a> {
     s: &'a RunSettings,
-    /// Report the node's use after each round (tune --nnodes).
-    report: bool,
+    /// Report the node's use after each round, and global rank 0's
+    /// throughput read this way (tune --nnodes).
+    report: Option<Metric>,
     logs: Option<PathBuf>,
     /// The placements were refused and --allow-unbound given.
     unbound: bool,
@@ -188,9 +203,9 @@ struct Node<'a> {
     failures: Vec<String>,
 }
 
-impl Node<'_> {
-    /// One round: this node's ranks, supervised; returns their exit code.
-    fn round(&mut self, s: &Start, peer: Arc<dyn Peer>) -> i32 {
+impl Rounds<'_> {
+    /// One round: this node's ranks, supervised; how they ended.
+    fn round(&mut self, s: &Start, peer: Arc<dyn Peer>) -> RoundEnd {
         let (run, p, host) = (self.s, &self.s.plan, self.host.clone());
         let last = s.rank_offset + p.nproc - 1;
         crate::say!(
@@ -223,39 +238,40 @@ impl Node<'_> {
             Ok(e) => e,
             Err(e) => {
                 self.failures.push(format!("error: {e}"));
-                return 3;
+                return 3.into();
             }
         };
         if let Some(g) = &mut self.gpu {
             g.start(p.gpus(), Default::default());
         }
-        let outcome = supervise_node(run, launches, &errors, Some(peer), s.rank_offset);
+        let hit: Arc<Mutex<Option<Hit>>> = Arc::default();
+        let sink = self.report.as_ref().and_then(|m| rank0_sink(m, s, &hit));
+        let outcome = supervise_node(run, launches, &errors, Some(peer), s.rank_offset, sink);
         let gpu = self.gpu.as_mut().map(|g| g.stop());
         match outcome {
             Ok(o) => {
                 if !run.quiet {
                     crate::say_text!(supervise::summary(&o));
                 }
-                if self.report {
-                    report_node(&host, s, p, &run.topology, &o, gpu);
-                }
-                if let Some(r) = supervise::failure_report(&o, Some(&errors.dir)) {
-                    // Local rank numbers, named as such beside the host.
-                    self.failures.push(format!(
-                        "{host}: {}",
-                        r.replacen("error: rank ", "error: local rank ", 1)
-                    ));
+                if let Some(r) = supervise::failure_report_on(&o, Some(&errors.dir), Some(&host)) {
+                    self.failures.push(r);
                 }
                 for (file, why) in &o.log_errors {
                     self.failures
                         .push(format!("error: the log {file} is incomplete: {why}"));
                 }
-                o.code()
+                RoundEnd {
+                    code: o.code(),
+                    report: self.report.as_ref().map(|_| Report {
+                        usage: usage(&host, s, p, &run.topology, &o, gpu),
+                        hit: hit.lock().unwrap_or_else(|e| e.into_inner()).take(),
+                    }),
+                }
             }
             Err(e) => {
                 self.failures
                     .push(format!("error: {e}\nhint: {}", e.hint()));
-                e.code()
+                e.code().into()
             }
         }
     }
