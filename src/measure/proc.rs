@@ -173,13 +173,13 @@ impl ProcReader {
             if let Some(t) = self.thread(&task, tid, cs) {
                 p.threads.push(t);
             }
+            // Children by process::children's rule: every thread's.
+            let name = std::ffi::CString::new(format!("{tid}/children")).ok()?;
+            if let Some(c) = self.read_at(&task, &name) {
+                super::process::add_children(&mut p.children, c);
+            }
         }
-        if let Some(c) = self.read(&format!("{pid}/task/{pid}/children")) {
-            p.children = c
-                .split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect();
-        }
+        super::process::finish_children(&mut p.children);
         if numa && let Some(maps) = self.read(&format!("{pid}/numa_maps")) {
             let mut per: BTreeMap<usize, u64> = BTreeMap::new();
             for word in maps.split_whitespace() {

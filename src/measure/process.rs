@@ -34,17 +34,32 @@ pub fn tasks(pid: i32) -> Vec<i32> {
         .unwrap_or_default()
 }
 
-/// Child processes of any of `pid`'s threads, sorted.
+/// Child processes of any of `pid`'s threads, sorted: the one rule for
+/// children (the kernel lists a child under the thread that forked it, so a
+/// worker started from another thread than the main one is found too).
 pub fn children(pid: i32) -> Vec<i32> {
     let mut out = vec![];
     for tid in tasks(pid) {
         if let Ok(s) = std::fs::read_to_string(path(pid, &format!("task/{tid}/children"))) {
-            out.extend(s.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+            add_children(&mut out, &s);
         }
     }
+    finish_children(&mut out);
+    out
+}
+
+/// The pids of one `task/TID/children` file, added to `out`.
+pub fn add_children(out: &mut Vec<i32>, text: &str) {
+    out.extend(
+        text.split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok()),
+    );
+}
+
+/// Every thread's children, once each, sorted.
+pub fn finish_children(out: &mut Vec<i32>) {
     out.sort_unstable();
     out.dedup();
-    out
 }
 
 /// The program `pid` runs.
