@@ -6,8 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use threadwise::plan::{Facts, NProc, PlanRequest, plan};
-use threadwise::topology::{synthetic, sysfs};
+use threadwise::{Facts, NProc, PlanRequest, plan_ranks as plan, probe_sysfs, synthetic_topology};
 
 fn measure(name: &str, runs: usize, mut f: impl FnMut()) {
     f(); // warm-up
@@ -29,7 +28,7 @@ fn measure(name: &str, runs: usize, mut f: impl FnMut()) {
 }
 
 fn main() {
-    let live = || sysfs::probe(Path::new("/"), true).unwrap();
+    let live = || probe_sysfs(Path::new("/"), true).unwrap();
     measure("probe live machine (library)", 200, || {
         std::hint::black_box(live());
     });
@@ -46,10 +45,10 @@ fn main() {
         },
     );
     let big_desc = "package:8 numa:4 l3:8 core:8 pu:2 gpu:64";
-    let big = synthetic::parse(big_desc).unwrap();
+    let big = synthetic_topology(big_desc).unwrap();
     assert_eq!(big.online_cpus.len(), 4096);
     measure("build synthetic 4096-CPU machine (library)", 20, || {
-        std::hint::black_box(synthetic::parse(big_desc).unwrap());
+        std::hint::black_box(synthetic_topology(big_desc).unwrap());
     });
     let req64 = PlanRequest::default();
     measure("plan 4096 CPUs, 64 GPU ranks (library)", 20, || {
@@ -57,7 +56,7 @@ fn main() {
     });
     let req_cpu = PlanRequest {
         nproc: NProc::Count(256),
-        gpus: threadwise::plan::GpuSelect::None,
+        gpus: threadwise::GpuSelect::None,
         ..Default::default()
     };
     measure("plan 4096 CPUs, 256 CPU ranks (library)", 20, || {

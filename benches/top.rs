@@ -6,7 +6,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use threadwise::top::{Sampler, Target};
+use threadwise::{Sampler, Target};
 
 fn cpu_time() -> Duration {
     // SAFETY: a zeroed rusage is a valid out-parameter.
@@ -45,7 +45,7 @@ fn main() {
         .map(|(i, k)| Target {
             local_rank: i,
             pid: k.id() as i32,
-            cpus: threadwise::cpuset::CpuSet::parse_list("0-1").unwrap(),
+            cpus: threadwise::CpuSet::parse_list("0-1").unwrap(),
             worker_cpus: Default::default(),
             mem_nodes: vec![0],
             gpu: None,

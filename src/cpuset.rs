@@ -10,7 +10,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// (x86 MAXSMP, ppc64; arm64 4096). Sets are bitmaps, so the bound is what
 /// keeps a hostile "0-4000000000", or 65536 cores of 65536-bit sets, from
 /// allocating gigabytes.
-pub const MAX_CPU: usize = 8192;
+pub(crate) const MAX_CPU: usize = 8192;
 
 /// Why a cpulist or mask could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

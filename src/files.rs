@@ -12,7 +12,7 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
-pub enum FileError {
+pub(crate) enum FileError {
     #[error("{path} is a symbolic link to a regular file; threadwise does not write through it")]
     Symlink { path: PathBuf },
     #[error("{path} is a directory")]
@@ -25,7 +25,7 @@ pub enum FileError {
 }
 
 impl FileError {
-    pub fn hint(&self) -> &'static str {
+    pub(crate) fn hint(&self) -> &'static str {
         match self {
             FileError::Symlink { .. } => "give the link's target, or remove the link",
             FileError::Directory { .. } => "give a file name",
@@ -90,7 +90,7 @@ fn parent(path: &Path) -> &Path {
 
 /// Check before any work that `write_output(path)` can succeed: not a
 /// directory, not a link to a regular file, in an existing directory.
-pub fn check_output(path: &Path) -> Result<(), FileError> {
+pub(crate) fn check_output(path: &Path) -> Result<(), FileError> {
     match target(path)? {
         Target::Special => Ok(()),
         Target::Missing | Target::Regular => {
@@ -112,7 +112,7 @@ pub fn check_output(path: &Path) -> Result<(), FileError> {
 
 /// Write `bytes` to `path` whole: atomically for a regular file, in place for
 /// a device or FIFO.
-pub fn write_output(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
+pub(crate) fn write_output(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
     match target(path)? {
         Target::Special => {
             let mut f = OpenOptions::new()
@@ -143,7 +143,7 @@ pub fn write_output(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
 
 /// Open a log file for writing without following a symbolic link at its name
 /// (a planted `rank-0.stdout` link must not truncate its target).
-pub fn create_log(path: &Path) -> Result<File, FileError> {
+pub(crate) fn create_log(path: &Path) -> Result<File, FileError> {
     OpenOptions::new()
         .write(true)
         .create(true)

@@ -9,7 +9,7 @@ use crate::plan::{Allocator, AllocatorChoice, AllocatorKind, Facts, PlanRequest}
 /// Library directories to search, most specific first. A relative
 /// `$CONDA_PREFIX`/`$VIRTUAL_ENV` is left out: ld.so would resolve it against
 /// each rank's working directory.
-pub fn library_dirs(env: &dyn Fn(&str) -> Option<String>) -> Vec<PathBuf> {
+pub(crate) fn library_dirs(env: &dyn Fn(&str) -> Option<String>) -> Vec<PathBuf> {
     let mut dirs = vec![];
     for var in ["CONDA_PREFIX", "VIRTUAL_ENV"] {
         if let Some(p) = env(var).filter(|p| p.starts_with('/')) {
@@ -38,7 +38,7 @@ pub fn library_dirs(env: &dyn Fn(&str) -> Option<String>) -> Vec<PathBuf> {
 /// Why a library must not be preloaded, or None when it may: LD_PRELOAD
 /// splits at spaces and colons, and a file (or any directory above it) that
 /// someone else can write would let them run code in every rank (often root's).
-pub fn preload_refusal(path: &Path) -> Option<String> {
+pub(crate) fn preload_refusal(path: &Path) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
     let shown = path.display().to_string();
     if !path.is_absolute() {
@@ -81,7 +81,7 @@ pub fn preload_refusal(path: &Path) -> Option<String> {
 
 /// The allocator libraries found, and those passed over with the reason.
 #[derive(Debug, Clone, Default)]
-pub struct AllocatorSearch {
+pub(crate) struct AllocatorSearch {
     pub found: Vec<Allocator>,
     pub skipped: Vec<String>,
 }
@@ -89,7 +89,7 @@ pub struct AllocatorSearch {
 /// Allocator libraries found in `dirs`, tcmalloc's full and minimal builds and
 /// jemalloc, versioned names first (the unversioned ones come with -dev only);
 /// a file that fails `preload_refusal` is skipped and said.
-pub fn find_allocators_in(dirs: &[PathBuf]) -> AllocatorSearch {
+pub(crate) fn find_allocators_in(dirs: &[PathBuf]) -> AllocatorSearch {
     let names: [(AllocatorKind, &[&str]); 2] = [
         (
             AllocatorKind::Tcmalloc,
@@ -132,13 +132,13 @@ pub fn find_allocators_in(dirs: &[PathBuf]) -> AllocatorSearch {
 }
 
 /// Allocators on this machine.
-pub fn find_allocators() -> AllocatorSearch {
+pub(crate) fn find_allocators() -> AllocatorSearch {
     find_allocators_in(&library_dirs(&|k| std::env::var(k).ok()))
 }
 
 /// What the planner may use besides the topology: the allocator libraries on
 /// this machine, looked up only when the request asks for one.
-pub fn facts(req: &PlanRequest) -> Facts {
+pub(crate) fn facts(req: &PlanRequest) -> Facts {
     if req.allocator == AllocatorChoice::None {
         Facts::default()
     } else {
@@ -147,7 +147,7 @@ pub fn facts(req: &PlanRequest) -> Facts {
 }
 
 /// Facts with the allocator search done (tune: any configuration may ask).
-pub fn facts_with_allocators() -> Facts {
+pub(crate) fn facts_with_allocators() -> Facts {
     let s = find_allocators();
     Facts {
         allocators: s.found,

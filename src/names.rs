@@ -19,10 +19,10 @@ macro_rules! named_enum {
 
         impl $t {
             /// Every variant, in declaration order.
-            pub const ALL: &'static [$t] = &[$($t::$v),*];
+            pub(crate) const ALL: &'static [$t] = &[$($t::$v),*];
 
             /// The name users type and read.
-            pub fn name(self) -> &'static str {
+            pub(crate) fn name(self) -> &'static str {
                 match self {
                     $($t::$v => $name),*
                 }

@@ -10,10 +10,10 @@ use nvml_wrapper::Nvml;
 use serde::{Deserialize, Serialize};
 
 /// The variable naming the NVML library to load.
-pub const LIBRARY_VAR: &str = "THREADWISE_NVML_LIBRARY";
+pub(crate) const LIBRARY_VAR: &str = "THREADWISE_NVML_LIBRARY";
 
 /// NVML, or why it did not load.
-pub fn open() -> Result<Nvml, String> {
+pub(crate) fn open() -> Result<Nvml, String> {
     match std::env::var_os(LIBRARY_VAR) {
         Some(path) if !path.is_empty() => Nvml::builder()
             .lib_path(OsStr::new(&path))
@@ -25,7 +25,7 @@ pub fn open() -> Result<Nvml, String> {
 
 /// One GPU as NVML lists it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NvmlGpu {
+pub(crate) struct NvmlGpu {
     /// sysfs's spelling: `0000:3b:00.0`.
     pub bus_id: String,
     pub uuid: Option<String>,
@@ -37,7 +37,7 @@ pub struct NvmlGpu {
 }
 
 /// NVML's `00000000:3B:00.0` as sysfs writes it, `0000:3b:00.0`.
-pub fn sysfs_bus_id(nvml: &str) -> String {
+pub(crate) fn sysfs_bus_id(nvml: &str) -> String {
     let t = nvml.trim().to_ascii_lowercase();
     match t.split_once(':') {
         Some((dom, rest)) if dom.len() > 4 => {
@@ -49,7 +49,7 @@ pub fn sysfs_bus_id(nvml: &str) -> String {
 }
 
 /// Every GPU NVML lists (it lists only what this process may use).
-pub fn inventory(n: &Nvml) -> Result<Vec<NvmlGpu>, String> {
+pub(crate) fn inventory(n: &Nvml) -> Result<Vec<NvmlGpu>, String> {
     let count = n.device_count().map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for i in 0..count {

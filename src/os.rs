@@ -7,7 +7,7 @@ use crate::cpuset::{CpuSet, MAX_CPU};
 
 /// This process's CPU affinity mask, growing the buffer until the kernel's
 /// mask fits (it refuses with EINVAL while the buffer is too small).
-pub fn get_affinity() -> std::io::Result<CpuSet> {
+pub(crate) fn get_affinity() -> std::io::Result<CpuSet> {
     let mut words = 16usize; // 1024 bits
     loop {
         let mut buf = vec![0u64; words];
@@ -35,22 +35,22 @@ pub fn get_affinity() -> std::io::Result<CpuSet> {
 }
 
 /// Affinity mask words for `cpus`, padded to at least 1024 bits.
-pub fn mask_words(cpus: &CpuSet) -> Vec<u64> {
+pub(crate) fn mask_words(cpus: &CpuSet) -> Vec<u64> {
     let mut buf = cpus.words().to_vec();
     buf.resize(buf.len().max(16), 0);
     buf
 }
 
 /// `set_mempolicy` modes (linux/mempolicy.h).
-pub const MPOL_DEFAULT: i32 = 0;
-pub const MPOL_PREFERRED: i32 = 1;
-pub const MPOL_BIND: i32 = 2;
-pub const MPOL_INTERLEAVE: i32 = 3;
-pub const MPOL_LOCAL: i32 = 4;
+pub(crate) const MPOL_DEFAULT: i32 = 0;
+pub(crate) const MPOL_PREFERRED: i32 = 1;
+pub(crate) const MPOL_BIND: i32 = 2;
+pub(crate) const MPOL_INTERLEAVE: i32 = 3;
+pub(crate) const MPOL_LOCAL: i32 = 4;
 
 /// A placement prepared before fork: plain words, nothing to allocate later.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Placement {
+pub(crate) struct Placement {
     /// Affinity mask words (least significant first), or None to leave it.
     pub cpus: Option<Vec<u64>>,
     /// Memory policy mode and node mask words, or None to leave it.
@@ -60,7 +60,7 @@ pub struct Placement {
 impl Placement {
     /// Apply to the calling thread (inherited by fork and kept across exec).
     /// Async-signal-safe: only syscalls on memory prepared beforehand.
-    pub fn apply(&self) -> Result<(), (&'static str, std::io::Error)> {
+    pub(crate) fn apply(&self) -> Result<(), (&'static str, std::io::Error)> {
         if let Some(words) = &self.cpus {
             set_affinity_raw(words).map_err(|e| ("sched_setaffinity", e))?;
         }
@@ -72,13 +72,13 @@ impl Placement {
 }
 
 /// sched_setaffinity(0, words): the calling thread.
-pub fn set_affinity_raw(words: &[u64]) -> std::io::Result<()> {
+pub(crate) fn set_affinity_raw(words: &[u64]) -> std::io::Result<()> {
     set_task_affinity(0, words)
 }
 
 /// sched_setaffinity(tid, words): thread `tid`'s mask (0: the calling thread).
 /// Async-signal-safe: one syscall on memory prepared beforehand.
-pub fn set_task_affinity(tid: libc::pid_t, words: &[u64]) -> std::io::Result<()> {
+pub(crate) fn set_task_affinity(tid: libc::pid_t, words: &[u64]) -> std::io::Result<()> {
     if words.iter().all(|w| *w == 0) {
         return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
     }
@@ -98,7 +98,7 @@ pub fn set_task_affinity(tid: libc::pid_t, words: &[u64]) -> std::io::Result<()>
 }
 
 /// set_mempolicy(mode, nodes): the calling thread's NUMA memory policy.
-pub fn set_mempolicy_raw(mode: i32, nodes: &[u64]) -> std::io::Result<()> {
+pub(crate) fn set_mempolicy_raw(mode: i32, nodes: &[u64]) -> std::io::Result<()> {
     let (ptr, maxnode) = if nodes.is_empty() || mode == MPOL_LOCAL || mode == MPOL_DEFAULT {
         (std::ptr::null(), 0)
     } else {
@@ -114,7 +114,7 @@ pub fn set_mempolicy_raw(mode: i32, nodes: &[u64]) -> std::io::Result<()> {
 
 /// Ask for SIGKILL when the parent dies; false when the parent is already gone.
 /// Async-signal-safe.
-pub fn die_with_parent(parent: libc::pid_t) -> bool {
+pub(crate) fn die_with_parent(parent: libc::pid_t) -> bool {
     // SAFETY: plain syscalls with integer arguments.
     unsafe {
         libc::prctl(
@@ -129,7 +129,7 @@ pub fn die_with_parent(parent: libc::pid_t) -> bool {
 }
 
 /// Become the reaper of orphaned descendants, so none can outlive us unseen.
-pub fn become_subreaper() {
+pub(crate) fn become_subreaper() {
     // SAFETY: plain syscall with integer arguments.
     unsafe {
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0);
@@ -137,7 +137,7 @@ pub fn become_subreaper() {
 }
 
 /// Send a signal to a whole process group; ESRCH (already gone) is fine.
-pub fn kill_group(pgid: libc::pid_t, sig: i32) {
+pub(crate) fn kill_group(pgid: libc::pid_t, sig: i32) {
     if pgid > 0 {
         // SAFETY: plain syscall with integer arguments.
         unsafe {
@@ -147,7 +147,7 @@ pub fn kill_group(pgid: libc::pid_t, sig: i32) {
 }
 
 /// Conventional signal names, for messages.
-pub fn signal_name(sig: i32) -> String {
+pub(crate) fn signal_name(sig: i32) -> String {
     let name = match sig {
         libc::SIGHUP => "SIGHUP",
         libc::SIGINT => "SIGINT",
@@ -215,7 +215,7 @@ mod placement_tests {
 }
 
 /// This machine's host name (its UTS namespace's), or "localhost".
-pub fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: buf is valid for its length; gethostname NUL-terminates or fails.
     let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;

@@ -15,7 +15,7 @@ use crate::topology::Topology;
 
 /// What one core is in a plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cell {
+pub(crate) enum Cell {
     /// The rank computes here.
     Compute(usize),
     /// Only the rank's DataLoader workers run here.
@@ -25,7 +25,7 @@ pub enum Cell {
 }
 
 /// The letter of rank `r`: A-Z, then a second round as 0-9, then `#`.
-pub fn rank_letter(r: usize) -> char {
+pub(crate) fn rank_letter(r: usize) -> char {
     match r {
         0..=25 => (b'A' + r as u8) as char,
         26..=35 => (b'0' + (r - 26) as u8) as char,
@@ -34,7 +34,7 @@ pub fn rank_letter(r: usize) -> char {
 }
 
 impl Cell {
-    pub fn letter(self) -> char {
+    pub(crate) fn letter(self) -> char {
         match self {
             Cell::Compute(r) => rank_letter(r),
             Cell::Workers(r) => rank_letter(r).to_ascii_lowercase(),
@@ -46,7 +46,7 @@ impl Cell {
 
 /// Each core's cell: the first rank whose compute CPUs meet it, else whose
 /// worker CPUs do.
-pub fn cell(topo: &Topology, plan: Option<&Plan>, cpus: &CpuSet) -> Cell {
+pub(crate) fn cell(topo: &Topology, plan: Option<&Plan>, cpus: &CpuSet) -> Cell {
     if !cpus.intersects(&topo.allowed_cpus) {
         return Cell::Disallowed;
     }
@@ -72,11 +72,11 @@ pub fn cell(topo: &Topology, plan: Option<&Plan>, cpus: &CpuSet) -> Cell {
 }
 
 /// The machine as rows: (package, node, L3 groups of cores).
-pub struct Layout {
+pub(crate) struct Layout {
     pub nodes: Vec<NodeRow>,
 }
 
-pub struct NodeRow {
+pub(crate) struct NodeRow {
     pub package: Option<usize>,
     pub node: usize,
     pub memory_bytes: u64,
@@ -85,7 +85,7 @@ pub struct NodeRow {
 }
 
 /// Group the cores by NUMA node, then L3, in CPU order.
-pub fn layout(topo: &Topology) -> Layout {
+pub(crate) fn layout(topo: &Topology) -> Layout {
     let mut nodes = vec![];
     for n in topo.numa_nodes.iter().filter(|n| !n.cpus.is_empty()) {
         let package = topo
@@ -191,7 +191,7 @@ fn devices_at(topo: &Topology, plan: Option<&Plan>, node: usize) -> Vec<String> 
 }
 
 /// The picture for a terminal (`colour`) or a log (letters only).
-pub fn text(topo: &Topology, plan: Option<&Plan>, colour: bool) -> String {
+pub(crate) fn text(topo: &Topology, plan: Option<&Plan>, colour: bool) -> String {
     const INDENT: usize = 11;
     let width = 80 - INDENT;
     let mut out = String::new();
@@ -253,7 +253,7 @@ const SVG_FILL: [&str; 6] = [
 ];
 
 /// The same picture as a self-contained SVG.
-pub fn svg(topo: &Topology, plan: Option<&Plan>) -> String {
+pub(crate) fn svg(topo: &Topology, plan: Option<&Plan>) -> String {
     let (cw, ch, per_line, left) = (18u32, 22u32, 32usize, 90u32);
     let l = layout(topo);
     let mut body = String::new();

@@ -23,13 +23,13 @@ use crate::workload;
     about = "Thread, core and NUMA placement for multi-process (DDP) training",
     long_about = None
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
 
 #[derive(Subcommand, Debug)]
-pub enum Command {
+pub(crate) enum Command {
     /// Show what the machine is: packages, NUMA nodes, L3 groups, cores, GPUs, NICs, limits
     Topo(TopoArgs),
     /// Plan each local rank's cores, memory node, GPU, threads, workers and environment
@@ -58,7 +58,7 @@ pub enum Command {
 
 /// Where the topology comes from (default: this machine).
 #[derive(Args, Debug, Clone, Default)]
-pub struct SourceArgs {
+pub(crate) struct SourceArgs {
     /// Read /sys and /proc below DIR (a dump from hwloc-gather-topology)
     #[arg(long, value_name = "DIR", conflicts_with_all = ["topology", "synthetic"])]
     pub root: Option<PathBuf>,
@@ -71,7 +71,7 @@ pub struct SourceArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct TopoArgs {
+pub(crate) struct TopoArgs {
     #[command(flatten)]
     pub source: SourceArgs,
     /// Print the threadwise.topology/1 JSON document
@@ -116,7 +116,7 @@ fn d() -> crate::plan::PlanRequest {
 
 /// The options every command that plans shares (plan, run, bind, tune).
 #[derive(Args, Debug, Clone)]
-pub struct PlanArgs {
+pub(crate) struct PlanArgs {
     /// Local ranks: a number, gpu (one per GPU) or auto
     #[arg(short = 'n', long = "nproc-per-node", alias = "nproc_per_node", value_name = "N|gpu|auto", default_value_t = d().nproc,
           value_parser = parse_nproc)]
@@ -166,7 +166,7 @@ pub struct PlanArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct PlanCmd {
+pub(crate) struct PlanCmd {
     #[command(flatten)]
     pub source: SourceArgs,
     #[command(flatten)]
@@ -205,7 +205,7 @@ fn parse_nproc(s: &str) -> Result<NProc, String> {
 }
 
 /// More local ranks than this is no node: one per CPU threadwise can read.
-pub const MAX_RANKS: usize = crate::cpuset::MAX_CPU;
+pub(super) const MAX_RANKS: usize = crate::cpuset::MAX_CPU;
 
 /// Seconds as a `Duration`, from 0 (or `min`) to `max` seconds.
 fn secs(s: &str, min: f64, max: f64) -> Result<Duration, String> {
@@ -247,7 +247,7 @@ fn parse_threads(s: &str) -> Result<Amount, String> {
 }
 
 #[derive(Args, Debug)]
-pub struct RunCmd {
+pub(crate) struct RunCmd {
     #[command(flatten)]
     pub plan: PlanArgs,
     /// Print each rank's environment, CPU set, memory policy and argv; start nothing
@@ -337,7 +337,7 @@ pub struct RunCmd {
 }
 
 #[derive(Args, Debug)]
-pub struct TopCmd {
+pub(crate) struct TopCmd {
     /// Watch these processes as ranks (default: the newest threadwise run)
     #[arg(long, value_name = "PID", num_args = 1.., conflicts_with = "all")]
     pub pid: Vec<i32>,
@@ -360,7 +360,7 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
 }
 
 #[derive(Args, Debug)]
-pub struct DoctorCmd {
+pub(crate) struct DoctorCmd {
     /// Check the sysfs/procfs of a dump instead of this machine (environment,
     /// limits and PATH stay this process's)
     #[arg(long, value_name = "DIR")]
@@ -403,7 +403,7 @@ fn parse_probe_timeout(s: &str) -> Result<Duration, String> {
 }
 
 #[derive(Args, Debug)]
-pub struct BindCmd {
+pub(crate) struct BindCmd {
     #[command(flatten)]
     pub plan: PlanArgs,
     /// Print what this rank would get; exec nothing
@@ -418,7 +418,7 @@ pub struct BindCmd {
 }
 
 #[derive(Args, Debug)]
-pub struct TuneCmd {
+pub(crate) struct TuneCmd {
     #[command(flatten)]
     pub plan: PlanArgs,
     /// Measured rounds: each runs every configuration once, in a shuffled order

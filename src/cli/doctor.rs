@@ -24,7 +24,7 @@ fn python_probe(a: &DoctorCmd) -> (Option<doctor::python::Probe>, String) {
     }
 }
 
-pub fn doctor(a: DoctorCmd) -> Result<Exit, Failure> {
+pub(super) fn doctor(a: DoctorCmd) -> Result<Exit, Failure> {
     let source = SourceArgs {
         root: a.root.clone(),
         ..Default::default()

@@ -131,7 +131,7 @@ fn run_request(a: &RunCmd) -> Result<PlanRequest, Failure> {
     Ok(req)
 }
 
-pub fn run(a: RunCmd) -> Result<Exit, Failure> {
+pub(super) fn run(a: RunCmd) -> Result<Exit, Failure> {
     let Some(first) = a.command.first() else {
         return Err(LaunchError::NoCommand.into());
     };
@@ -155,7 +155,7 @@ pub fn run(a: RunCmd) -> Result<Exit, Failure> {
     Ok(Exit(job::run(&s)?))
 }
 
-pub fn bind_cmd(a: BindCmd) -> Result<Exit, Failure> {
+pub(super) fn bind_cmd(a: BindCmd) -> Result<Exit, Failure> {
     if a.command.is_empty() {
         return Err(LaunchError::NoCommand.into());
     }

@@ -13,35 +13,35 @@ use std::io::Write;
 
 use clap::Parser;
 
-pub use args::{Cli, Command, SourceArgs};
+pub(crate) use args::{Cli, Command, SourceArgs};
 
 /// How a command that did its job ends: 0, or the code to pass on (the first
 /// failing rank's, 128+N for a signal, 130 for an interrupted tune), already
 /// explained on stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Exit(pub i32);
+pub(crate) struct Exit(pub i32);
 
 impl Exit {
-    pub const OK: Exit = Exit(0);
+    pub(crate) const OK: Exit = Exit(0);
 }
 
 /// A failure to report: message, what to do, and the exit code (2 usage, 3 environment).
 #[derive(Debug)]
-pub struct Failure {
+pub(crate) struct Failure {
     pub message: String,
     pub hint: Option<String>,
     pub code: i32,
 }
 
 impl Failure {
-    pub fn usage(message: impl Into<String>, hint: impl Into<String>) -> Self {
+    pub(crate) fn usage(message: impl Into<String>, hint: impl Into<String>) -> Self {
         Failure {
             message: message.into(),
             hint: Some(hint.into()),
             code: 2,
         }
     }
-    pub fn env(message: impl Into<String>, hint: impl Into<String>) -> Self {
+    pub(crate) fn env(message: impl Into<String>, hint: impl Into<String>) -> Self {
         Failure {
             message: message.into(),
             hint: Some(hint.into()),
@@ -66,7 +66,7 @@ impl From<crate::files::FileError> for Failure {
 }
 
 /// Write to stdout; a closed pipe (`| head`) is not an error.
-pub fn emit(text: &str) -> Result<Exit, Failure> {
+pub(crate) fn emit(text: &str) -> Result<Exit, Failure> {
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Failure::env(
@@ -97,7 +97,7 @@ fn generated(command: &Command) -> Result<Exit, Failure> {
 }
 
 /// Parse the arguments, run, and return the process exit code.
-pub fn main() -> i32 {
+pub(crate) fn main() -> i32 {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

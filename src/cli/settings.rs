@@ -13,12 +13,12 @@ use crate::plan::PlanRequest;
 use crate::topology::probe::{self, Source};
 use crate::topology::{Topology, TopologyError};
 
-pub fn topology_failure(e: TopologyError) -> Failure {
+pub(super) fn topology_failure(e: TopologyError) -> Failure {
     Failure::env(e.to_string(), e.hint())
 }
 
 /// Where the options say the topology comes from.
-pub fn source(a: &SourceArgs) -> Source {
+pub(super) fn source(a: &SourceArgs) -> Source {
     if let Some(root) = &a.root {
         Source::Root(root.clone())
     } else if let Some(file) = &a.topology {
@@ -31,12 +31,12 @@ pub fn source(a: &SourceArgs) -> Source {
 }
 
 /// Read the topology the options name; the live machine honours CUDA_VISIBLE_DEVICES.
-pub fn load(a: &SourceArgs) -> Result<Topology, Failure> {
+pub(super) fn load(a: &SourceArgs) -> Result<Topology, Failure> {
     probe::topology(&source(a)).map_err(topology_failure)
 }
 
 /// The plain request the options describe.
-pub fn request(a: &PlanArgs) -> PlanRequest {
+pub(super) fn request(a: &PlanArgs) -> PlanRequest {
     PlanRequest {
         nproc: a.nproc,
         gpus: a.gpus.clone(),
@@ -58,7 +58,7 @@ pub fn request(a: &PlanArgs) -> PlanRequest {
 }
 
 /// `run` before planning: a multi-node job needs its rendezvous endpoint.
-pub fn check_run(a: &RunCmd) -> Result<(), Failure> {
+pub(super) fn check_run(a: &RunCmd) -> Result<(), Failure> {
     if a.plan.nnodes > 1 && a.rdzv_endpoint.is_none() {
         return Err(Failure::usage(
             format!("--nnodes {} needs --rdzv-endpoint HOST:PORT", a.plan.nnodes),
@@ -80,7 +80,7 @@ pub fn check_run(a: &RunCmd) -> Result<(), Failure> {
 }
 
 /// `run` once the plan is known: the filter names ranks that exist.
-pub fn check_run_plan(a: &RunCmd, nproc: usize) -> Result<(), Failure> {
+pub(super) fn check_run_plan(a: &RunCmd, nproc: usize) -> Result<(), Failure> {
     if let Some(f) = &a.local_ranks_filter
         && let Some(bad) = f.iter().find(|r| **r >= nproc)
     {
@@ -97,7 +97,7 @@ pub fn check_run_plan(a: &RunCmd, nproc: usize) -> Result<(), Failure> {
 
 /// `tune`: every file it will write can be written, and the built-in
 /// workload's sizes fit, before the first trial.
-pub fn check_tune(a: &TuneCmd) -> Result<(), Failure> {
+pub(super) fn check_tune(a: &TuneCmd) -> Result<(), Failure> {
     if a.command.is_empty()
         && let Some(mib) =
             crate::workload::activations_too_big(a.work_size, a.work_batch, a.work_layers)

@@ -82,7 +82,7 @@ fn find_targets(a: &TopCmd) -> Result<Vec<Target>, Failure> {
     }
 }
 
-pub fn top_cmd(a: TopCmd) -> Result<Exit, Failure> {
+pub(super) fn top_cmd(a: TopCmd) -> Result<Exit, Failure> {
     let targets = find_targets(&a)?;
     let mut s = Sampler::new(targets);
     if a.once {

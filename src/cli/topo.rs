@@ -27,7 +27,7 @@ fn write_svg(
     Ok(())
 }
 
-pub fn topo(a: TopoArgs) -> Result<Exit, Failure> {
+pub(super) fn topo(a: TopoArgs) -> Result<Exit, Failure> {
     // topo shows everything, NVML's view included.
     let t = probe::topology_with(&source(&a.source), crate::topology::gpus::NvmlUse::Always)
         .map_err(topology_failure)?;
@@ -45,14 +45,14 @@ pub fn topo(a: TopoArgs) -> Result<Exit, Failure> {
 }
 
 /// How to call this binary again in printed command lines.
-pub fn program_name() -> String {
+pub(super) fn program_name() -> String {
     std::env::args()
         .next()
         .filter(|p| !p.contains('/'))
         .unwrap_or_else(|| "threadwise".to_string())
 }
 
-pub fn plan(a: PlanCmd) -> Result<Exit, Failure> {
+pub(super) fn plan(a: PlanCmd) -> Result<Exit, Failure> {
     let t = load(&a.source)?;
     let req = request(&a.plan);
     let p = plan::plan(&t, &req, &facts(&req))?;

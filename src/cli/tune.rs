@@ -214,7 +214,7 @@ fn save_winner(path: &std::path::Path, plan: Option<Plan>) -> Result<(), Failure
     Ok(())
 }
 
-pub fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
+pub(super) fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
     settings::check_tune(&a)?;
     let metric = Metric::new(a.metric.as_deref())
         .map_err(|e| Failure::usage(e.to_string(), "e.g. --metric 'speed: ([0-9.]+)'"))?;

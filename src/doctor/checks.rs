@@ -8,11 +8,11 @@ use crate::topology::Topology;
 const MIB: u64 = 1 << 20;
 
 /// The ranks the user means: asked for, else one per GPU, else one.
-pub fn ranks(topo: &Topology, req: &Request) -> usize {
+pub(super) fn ranks(topo: &Topology, req: &Request) -> usize {
     req.nproc.unwrap_or(topo.gpus.len().max(1))
 }
 
-pub fn threads(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
+pub(super) fn threads(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
     let n = ranks(topo, req);
     let budget = topo.cpu_budget;
     let cpus = topo.allowed_cpus.len();
@@ -117,7 +117,7 @@ fn shm_need(topo: &Topology, req: &Request) -> u64 {
         .saturating_mul(128 * MIB)
 }
 
-pub fn container(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
+pub(super) fn container(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
     let visible = topo.allowed_cpus.len();
     if let Some(q) = topo.limits.cpu_quota
         && q + 0.01 < visible as f64
@@ -253,7 +253,7 @@ pub fn container(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Fi
     }
 }
 
-pub fn network(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
+pub(super) fn network(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
     let multi = req.rdzv_endpoint.is_some();
     if let Some(v) = sys.read("/proc/sys/net/core/somaxconn")
         && let Ok(n) = v.trim().parse::<u64>()
@@ -385,7 +385,7 @@ fn jemalloc_keeps_pages(conf: &str) -> bool {
     })
 }
 
-pub fn allocator(sys: &dyn Sys, out: &mut Vec<Finding>) {
+pub(super) fn allocator(sys: &dyn Sys, out: &mut Vec<Finding>) {
     if let Some(pre) = sys.env("LD_PRELOAD") {
         for entry in pre.split([' ', ':']).filter(|e| !e.is_empty()) {
             if let Some(why) = preload_problem(sys, entry) {
@@ -473,7 +473,7 @@ pub fn allocator(sys: &dyn Sys, out: &mut Vec<Finding>) {
     }
 }
 
-pub fn tools(sys: &dyn Sys, out: &mut Vec<Finding>) {
+pub(super) fn tools(sys: &dyn Sys, out: &mut Vec<Finding>) {
     let names = ["numactl", "nvidia-smi", "torchrun", "srun", "mpirun"];
     let (found, missing): (Vec<&str>, Vec<&str>) =
         names.iter().partition(|n| sys.which(n).is_some());

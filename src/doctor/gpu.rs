@@ -5,7 +5,7 @@ use super::sys::Sys;
 use super::{Area, Finding, Request, Severity};
 use crate::topology::Topology;
 
-pub fn gpu(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
+pub(super) fn gpu(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
     let pci = topo.gpus.len();
     // CUDA_VISIBLE_DEVICES indices count among the GPUs the job can open.
     let openable = topo

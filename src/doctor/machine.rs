@@ -20,7 +20,7 @@ fn selected(text: &str) -> Option<&str> {
     Some(&text[start..end])
 }
 
-pub fn memory(sys: &dyn Sys, topo: &Topology, out: &mut Vec<Finding>) {
+pub(super) fn memory(sys: &dyn Sys, topo: &Topology, out: &mut Vec<Finding>) {
     let with_cpus = topo
         .numa_nodes
         .iter()
@@ -184,7 +184,7 @@ pub fn memory(sys: &dyn Sys, topo: &Topology, out: &mut Vec<Finding>) {
     }
 }
 
-pub fn cpu(sys: &dyn Sys, topo: &Topology, out: &mut Vec<Finding>) {
+pub(super) fn cpu(sys: &dyn Sys, topo: &Topology, out: &mut Vec<Finding>) {
     let smt = topo.cores.iter().map(|c| c.cpus.len()).max().unwrap_or(1);
     out.push(
         Finding::new(

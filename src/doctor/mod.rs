@@ -9,23 +9,23 @@
 mod checks;
 mod gpu;
 mod machine;
-pub mod python;
+pub(crate) mod python;
 mod render;
-pub mod sys;
+pub(crate) mod sys;
 
 use serde::{Deserialize, Serialize};
 
-pub use render::{fix_script, human, sysctl_file};
-pub use sys::{RealSys, Sys};
+pub(crate) use render::{fix_script, human, sysctl_file};
+pub(crate) use sys::{RealSys, Sys};
 
 use crate::topology::Topology;
 
-pub const DOCTOR_SCHEMA: &str = "threadwise.doctor/1";
+pub(crate) const DOCTOR_SCHEMA: &str = "threadwise.doctor/1";
 
 crate::named_enum! {
     #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
     #[serde(rename_all = "lowercase")]
-    pub enum Severity ("a severity,") {
+    pub(crate) enum Severity ("a severity,") {
         Ok => "ok",
         Info => "info",
         Warn => "warn",
@@ -36,7 +36,7 @@ crate::named_enum! {
 crate::named_enum! {
     #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
     #[serde(rename_all = "lowercase")]
-    pub enum Area ("an area,") {
+    pub(crate) enum Area ("an area,") {
         Threads => "threads",
         Container => "container",
         Memory => "memory",
@@ -51,7 +51,7 @@ crate::named_enum! {
 
 /// One thing doctor found.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Finding {
+pub(crate) struct Finding {
     /// Stable, for scripts: `area.what`.
     pub id: String,
     pub area: Area,
@@ -96,7 +96,7 @@ impl Finding {
 
 /// What the checks are asked about.
 #[derive(Debug, Clone, Default)]
-pub struct Request {
+pub(crate) struct Request {
     /// Local ranks the user means to start (default: one per GPU, else 1).
     pub nproc: Option<usize>,
     /// DataLoader workers per rank, for /dev/shm sizing (default 4).
@@ -110,7 +110,7 @@ pub struct Request {
 
 /// The whole report (`--json`, schema threadwise.doctor/1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Report {
+pub(crate) struct Report {
     pub schema: String,
     pub source: String,
     pub findings: Vec<Finding>,
@@ -120,7 +120,7 @@ pub struct Report {
 
 impl Report {
     /// The worst severity found.
-    pub fn worst(&self) -> Severity {
+    pub(crate) fn worst(&self) -> Severity {
         self.findings
             .iter()
             .map(|f| f.severity)
@@ -130,7 +130,7 @@ impl Report {
 }
 
 /// Run every check but the Python probe's (whose result, if any, is `py`).
-pub fn diagnose(
+pub(crate) fn diagnose(
     sys: &dyn Sys,
     topo: &Topology,
     req: &Request,
@@ -156,7 +156,7 @@ pub fn diagnose(
 
 /// The checks `run` makes before it starts: fast ones only (no Python, no
 /// name resolution), and only what is worth a line (warn, fail).
-pub fn preflight(sys: &dyn Sys, topo: &Topology, nproc: usize) -> Vec<Finding> {
+pub(crate) fn preflight(sys: &dyn Sys, topo: &Topology, nproc: usize) -> Vec<Finding> {
     let req = Request {
         nproc: Some(nproc),
         quick: true,
@@ -172,7 +172,7 @@ pub fn preflight(sys: &dyn Sys, topo: &Topology, nproc: usize) -> Vec<Finding> {
 
 /// `preflight` on this machine, said as warn and fail lines on stderr
 /// (what `run` shows before it starts its ranks).
-pub fn say_preflight(topo: &Topology, nproc: usize) {
+pub(crate) fn say_preflight(topo: &Topology, nproc: usize) {
     let sys = RealSys {
         root: std::path::Path::new("/").to_path_buf(),
     };

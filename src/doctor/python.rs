@@ -42,7 +42,7 @@ print(json.dumps(out))
 
 /// What the interpreter said.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-pub struct Probe {
+pub(crate) struct Probe {
     pub python: String,
     pub cpu_count: Option<usize>,
     pub affinity: Option<usize>,
@@ -56,7 +56,7 @@ pub struct Probe {
 }
 
 /// Run `python` with the probe, at most `limit`; Err says why it was skipped.
-pub fn probe(python: &Path, limit: Duration) -> Result<Probe, String> {
+pub(crate) fn probe(python: &Path, limit: Duration) -> Result<Probe, String> {
     let mut child = Command::new(python)
         .args(["-c", SCRIPT])
         .stdin(Stdio::null())
@@ -104,7 +104,7 @@ fn version_below(v: &str, major: u64, minor: u64) -> bool {
     (a, b) < (major, minor)
 }
 
-pub fn findings(p: &Probe, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
+pub(crate) fn findings(p: &Probe, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
     let n = super::checks::ranks(topo, req);
     match (&p.torch, &p.torch_error) {
         (Some(v), _) => {

@@ -18,7 +18,7 @@ fn tag(s: Severity, colour: bool) -> String {
 }
 
 /// The report for a person: by area, each finding with its evidence and fix.
-pub fn human(r: &Report, colour: bool, verbose: bool) -> String {
+pub(crate) fn human(r: &Report, colour: bool, verbose: bool) -> String {
     let mut out = format!("threadwise doctor on {}\n", r.source);
     let mut area = None;
     for f in &r.findings {
@@ -60,7 +60,7 @@ pub fn human(r: &Report, colour: bool, verbose: bool) -> String {
 }
 
 /// A shell script of every fix, worst first (`--fix`).
-pub fn fix_script(r: &Report) -> String {
+pub(crate) fn fix_script(r: &Report) -> String {
     let mut fs: Vec<&Finding> = r.findings.iter().filter(|f| f.fix.is_some()).collect();
     fs.sort_by_key(|f| std::cmp::Reverse(f.severity));
     let mut out = String::from(
@@ -80,7 +80,7 @@ pub fn fix_script(r: &Report) -> String {
 
 /// The sysctl settings as a sysctl.d file (`--fix --write FILE`), or None
 /// when nothing needs one.
-pub fn sysctl_file(r: &Report) -> Option<String> {
+pub(crate) fn sysctl_file(r: &Report) -> Option<String> {
     let settings: Vec<&Finding> = r.findings.iter().filter(|f| f.sysctl.is_some()).collect();
     if settings.is_empty() {
         return None;

@@ -3,6 +3,7 @@
 //! dump), the environment, PATH, resource limits, file system sizes, the
 //! first bytes of a library, NVML, and name resolution.
 
+#[cfg(test)]
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -11,14 +12,14 @@ use crate::topology::fsread;
 
 /// A process resource limit doctor looks at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Limit {
+pub(crate) enum Limit {
     OpenFiles,
     LockedMemory,
 }
 
 /// What NVML says, when it loads.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Nvml {
+pub(crate) struct Nvml {
     pub loaded: bool,
     /// Why it did not load.
     pub error: Option<String>,
@@ -27,7 +28,7 @@ pub struct Nvml {
     pub persistence_off: Vec<usize>,
 }
 
-pub trait Sys {
+pub(crate) trait Sys {
     /// A file by its path inside the machine ("/proc/sys/vm/swappiness").
     fn read(&self, path: &str) -> Option<String>;
     fn env(&self, key: &str) -> Option<String>;
@@ -49,7 +50,7 @@ pub trait Sys {
 }
 
 /// The machine itself, its files read below `root` ("/" unless `--root`).
-pub struct RealSys {
+pub(crate) struct RealSys {
     pub root: PathBuf,
 }
 
@@ -145,8 +146,9 @@ impl Sys for RealSys {
 }
 
 /// A machine made of maps, for tests.
+#[cfg(test)]
 #[derive(Debug, Clone, Default)]
-pub struct FakeSys {
+pub(crate) struct FakeSys {
     pub files: BTreeMap<String, String>,
     pub env: BTreeMap<String, String>,
     pub path: Vec<String>,
@@ -160,17 +162,19 @@ pub struct FakeSys {
     pub routes: BTreeMap<String, String>,
 }
 
+#[cfg(test)]
 impl FakeSys {
-    pub fn file(mut self, p: &str, s: &str) -> Self {
+    pub(crate) fn file(mut self, p: &str, s: &str) -> Self {
         self.files.insert(p.into(), s.into());
         self
     }
-    pub fn var(mut self, k: &str, v: &str) -> Self {
+    pub(crate) fn var(mut self, k: &str, v: &str) -> Self {
         self.env.insert(k.into(), v.into());
         self
     }
 }
 
+#[cfg(test)]
 impl Sys for FakeSys {
     fn read(&self, path: &str) -> Option<String> {
         self.files.get(path).cloned()

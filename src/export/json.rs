@@ -3,7 +3,7 @@
 use super::{Context, ExportError, Exporter};
 use crate::plan::Plan;
 
-pub struct Json;
+pub(super) struct Json;
 
 impl Exporter<Plan, Context> for Json {
     fn render(&self, plan: &Plan, _: &Context) -> Result<String, ExportError> {

@@ -10,12 +10,14 @@ mod torchrun;
 
 use crate::plan::Plan;
 
-pub use shell::{quote, quote_all};
-pub use torchrun::{bind_args, request_args};
+pub(crate) use shell::{quote, quote_all};
+pub(crate) use torchrun::bind_args;
+#[cfg(test)]
+pub(crate) use torchrun::request_args;
 
 /// What an exporter may need besides the plan.
 #[derive(Debug, Clone, Default)]
-pub struct Context {
+pub(crate) struct Context {
     /// The user's command (after `--`); exporters that print command lines use it.
     pub command: Vec<String>,
     /// For `env`: which rank's variables.
@@ -27,7 +29,7 @@ pub struct Context {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum ExportError {
+pub(crate) enum ExportError {
     #[error("--format env needs --local-rank K (0-{max})")]
     NeedRank { max: usize },
     #[error("--local-rank {rank} is out of range: the plan has ranks 0-{max}")]
@@ -42,7 +44,7 @@ pub enum ExportError {
 
 impl Context {
     /// The user's command quoted for a shell, or `"$@"` for a script's own arguments.
-    pub fn command_line(&self) -> String {
+    pub(crate) fn command_line(&self) -> String {
         if self.command.is_empty() {
             "\"$@\"".to_string()
         } else {
@@ -53,14 +55,14 @@ impl Context {
 
 /// One output format of a document (`Plan` with a `Context`, or a tune
 /// report with none).
-pub trait Exporter<Doc: ?Sized, Ctx = ()> {
+pub(crate) trait Exporter<Doc: ?Sized, Ctx = ()> {
     fn render(&self, doc: &Doc, ctx: &Ctx) -> Result<String, ExportError>;
 }
 
 crate::named_enum! {
     /// `plan --format`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub enum PlanFormat ("a format,") {
+    pub(crate) enum PlanFormat ("a format,") {
         Table => "table",
         Json => "json",
         Env => "env",
@@ -73,7 +75,7 @@ crate::named_enum! {
 
 impl PlanFormat {
     /// The registry: one exporter per format.
-    pub fn exporter(self) -> &'static dyn Exporter<Plan, Context> {
+    pub(crate) fn exporter(self) -> &'static dyn Exporter<Plan, Context> {
         match self {
             PlanFormat::Table => &table::Table,
             PlanFormat::Json => &json::Json,

@@ -5,11 +5,11 @@ use super::{Context, ExportError, Exporter};
 use crate::plan::{MemPolicy, Plan, RankPlan};
 
 /// Quote a word for a POSIX shell, only when it needs it (shell-words).
-pub fn quote(s: &str) -> String {
+pub(crate) fn quote(s: &str) -> String {
     shell_words::quote(s).into_owned()
 }
 
-pub fn quote_all(words: &[String]) -> String {
+pub(crate) fn quote_all(words: &[String]) -> String {
     shell_words::join(words)
 }
 
@@ -21,7 +21,7 @@ fn env_words(rank: &RankPlan) -> String {
         .join(" ")
 }
 
-pub struct Env;
+pub(super) struct Env;
 
 impl Exporter<Plan, Context> for Env {
     fn render(&self, plan: &Plan, ctx: &Context) -> Result<String, ExportError> {
@@ -64,7 +64,7 @@ fn numactl_args(rank: &RankPlan) -> Vec<String> {
     args
 }
 
-pub struct Numactl;
+pub(super) struct Numactl;
 
 impl Exporter<Plan, Context> for Numactl {
     fn render(&self, plan: &Plan, ctx: &Context) -> Result<String, ExportError> {
@@ -82,7 +82,7 @@ impl Exporter<Plan, Context> for Numactl {
     }
 }
 
-pub struct Taskset;
+pub(super) struct Taskset;
 
 impl Exporter<Plan, Context> for Taskset {
     fn render(&self, plan: &Plan, ctx: &Context) -> Result<String, ExportError> {

@@ -5,7 +5,7 @@
 use super::{Context, ExportError, Exporter, bind_args, quote, quote_all};
 use crate::plan::Plan;
 
-pub struct Slurm;
+pub(super) struct Slurm;
 
 impl Exporter<Plan, Context> for Slurm {
     fn render(&self, plan: &Plan, ctx: &Context) -> Result<String, ExportError> {

@@ -5,7 +5,7 @@ use comfy_table::{Table as Grid, presets::UTF8_FULL_CONDENSED};
 use super::{Context, ExportError, Exporter};
 use crate::plan::Plan;
 
-pub struct Table;
+pub(super) struct Table;
 
 impl Exporter<Plan, Context> for Table {
     fn render(&self, plan: &Plan, ctx: &Context) -> Result<String, ExportError> {

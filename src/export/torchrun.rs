@@ -5,7 +5,7 @@ use super::{Context, ExportError, Exporter, quote_all};
 use crate::plan::{NProc, Plan, PlanRequest};
 
 /// The plan options that reproduce a request (defaults left out).
-pub fn request_args(req: &PlanRequest) -> Vec<String> {
+pub(crate) fn request_args(req: &PlanRequest) -> Vec<String> {
     let d = PlanRequest::default();
     let mut a = vec![];
     let mut opt = |name: &str, value: String| {
@@ -60,7 +60,7 @@ pub fn request_args(req: &PlanRequest) -> Vec<String> {
 
 /// The options `threadwise bind` needs to compute the same node plan: the
 /// request's, with the local rank count always spelled out.
-pub fn bind_args(plan: &Plan) -> Vec<String> {
+pub(crate) fn bind_args(plan: &Plan) -> Vec<String> {
     let mut a = request_args(&plan.request);
     if plan.request.nproc == NProc::Auto {
         a.splice(
@@ -71,7 +71,7 @@ pub fn bind_args(plan: &Plan) -> Vec<String> {
     a
 }
 
-pub struct Torchrun;
+pub(super) struct Torchrun;
 
 impl Exporter<Plan, Context> for Torchrun {
     fn render(&self, plan: &Plan, ctx: &Context) -> Result<String, ExportError> {

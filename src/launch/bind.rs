@@ -8,7 +8,7 @@ use std::os::unix::process::CommandExt;
 use super::{LaunchError, RankLaunch, resolve};
 
 /// Apply the rank's placement and exec; returns only on failure.
-pub fn exec_rank(r: &RankLaunch, allow_unbound: bool) -> LaunchError {
+pub(crate) fn exec_rank(r: &RankLaunch, allow_unbound: bool) -> LaunchError {
     let Some(program) = r.argv.first() else {
         return LaunchError::NoCommand;
     };

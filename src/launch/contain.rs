@@ -20,10 +20,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// The hidden subcommand the watchdog runs as.
-pub const WATCHDOG: &str = "__watchdog";
+pub(crate) const WATCHDOG: &str = "__watchdog";
 
 /// A job's cgroup, its `cgroup.procs` open for the ranks to join, and its watchdog.
-pub struct JobCgroup {
+pub(crate) struct JobCgroup {
     dir: PathBuf,
     procs: File,
     watchdog: Option<Child>,
@@ -31,7 +31,7 @@ pub struct JobCgroup {
 
 /// How a launch keeps its processes together.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Containment {
+pub(crate) enum Containment {
     Cgroup(PathBuf),
     /// Why no cgroup: process groups, PDEATHSIG and the subreaper only.
     Fallback(String),
@@ -63,7 +63,7 @@ static JOBS: AtomicUsize = AtomicUsize::new(0);
 
 impl JobCgroup {
     /// Create the job cgroup and start its watchdog, or say why not.
-    pub fn create() -> Result<JobCgroup, String> {
+    pub(crate) fn create() -> Result<JobCgroup, String> {
         let parent = own_cgroup()?;
         let dir = parent.join(format!(
             "threadwise-{}-{}",
@@ -101,7 +101,7 @@ impl JobCgroup {
 
     /// What `create` would give, for `--dry-run` (creates and removes nothing
     /// but an empty directory).
-    pub fn probe() -> Containment {
+    pub(crate) fn probe() -> Containment {
         match own_cgroup().and_then(|p| {
             let d = p.join(format!("threadwise-probe-{}", std::process::id()));
             std::fs::create_dir(&d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
@@ -118,22 +118,18 @@ impl JobCgroup {
         }
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// The fd a child writes "0" to, between fork and exec, to join.
-    pub fn procs_fd(&self) -> i32 {
+    pub(crate) fn procs_fd(&self) -> i32 {
         self.procs.as_raw_fd()
     }
 
     /// The watchdog's pid (not ours to kill as an orphan).
-    pub fn watchdog_pid(&self) -> Option<i32> {
+    pub(crate) fn watchdog_pid(&self) -> Option<i32> {
         self.watchdog.as_ref().map(|c| c.id() as i32)
     }
 
     /// Kill everything in the cgroup and wait (briefly) until it is empty.
-    pub fn kill(&self) {
+    pub(crate) fn kill(&self) {
         kill_dir(&self.dir);
     }
 }
@@ -172,7 +168,7 @@ fn kill_dir(dir: &Path) {
 
 /// `threadwise __watchdog DIR`: wait until stdin closes, then kill and remove
 /// the cgroup. Terminal signals are ignored: Ctrl-C is for threadwise.
-pub fn watchdog(dir: &Path) -> i32 {
+pub(crate) fn watchdog(dir: &Path) -> i32 {
     for sig in [
         libc::SIGINT,
         libc::SIGTERM,

@@ -5,7 +5,7 @@ use super::LaunchError;
 
 /// What the launcher told this process.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Launcher {
+pub(crate) struct Launcher {
     pub name: &'static str,
     pub local_rank: usize,
     pub local_size: usize,
@@ -30,7 +30,7 @@ fn num(env: Env, var: &str) -> Result<Option<usize>, LaunchError> {
 const MAX_NODES_IN_JOB: usize = 1 << 20;
 
 /// Expand SLURM_TASKS_PER_NODE ("2(x3),1") into one count per node.
-pub fn slurm_tasks_per_node(text: &str) -> Result<Vec<usize>, LaunchError> {
+pub(crate) fn slurm_tasks_per_node(text: &str) -> Result<Vec<usize>, LaunchError> {
     let bad = || {
         LaunchError::Launcher(format!(
             "SLURM_TASKS_PER_NODE={text:?} is not like \"2(x3),1\""
@@ -139,7 +139,7 @@ fn slurm(env: Env, local_rank: usize) -> Result<Launcher, LaunchError> {
 }
 
 /// Detect the launcher from an environment lookup.
-pub fn detect(env: Env) -> Result<Launcher, LaunchError> {
+pub(crate) fn detect(env: Env) -> Result<Launcher, LaunchError> {
     let mut found = None;
     for &(name, rank, size, grank, gsize, binds) in DIRECT {
         match (num(env, rank)?, num(env, size)?) {
@@ -196,7 +196,9 @@ pub fn detect(env: Env) -> Result<Launcher, LaunchError> {
 /// The CPUs Slurm gave this step on this node, from the binding it applied to
 /// each task (SLURM_CPU_BIND_TYPE mask_cpu/map_cpu with SLURM_CPU_BIND_LIST):
 /// their union is the job's set here, the same for every task.
-pub fn slurm_node_cpus(env: &dyn Fn(&str) -> Option<String>) -> Option<crate::cpuset::CpuSet> {
+pub(crate) fn slurm_node_cpus(
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<crate::cpuset::CpuSet> {
     let kind = env("SLURM_CPU_BIND_TYPE")?;
     let list = env("SLURM_CPU_BIND_LIST")?;
     let mut all = crate::cpuset::CpuSet::new();
@@ -219,7 +221,7 @@ pub fn slurm_node_cpus(env: &dyn Fn(&str) -> Option<String>) -> Option<crate::cp
 
 /// The first host of a Slurm node list ("gpu[01-04,7],login" -> "gpu01";
 /// "rack[1-2]-n[08-09]" -> "rack1-n08"), zero padding kept.
-pub fn first_host(list: &str) -> Option<String> {
+pub(crate) fn first_host(list: &str) -> Option<String> {
     let mut out = String::new();
     let mut chars = list.trim().chars();
     while let Some(c) = chars.next() {
@@ -241,7 +243,7 @@ pub fn first_host(list: &str) -> Option<String> {
 
 /// The last `n` (at most 4) digits of a Slurm job id as a number, for
 /// ports every task and node of the job derive alike.
-pub fn job_id_tail(id: &str, n: usize) -> Option<u16> {
+pub(crate) fn job_id_tail(id: &str, n: usize) -> Option<u16> {
     let digits: String = id.chars().filter(char::is_ascii_digit).collect();
     digits[digits.len().saturating_sub(n.min(4))..].parse().ok()
 }
@@ -250,7 +252,7 @@ pub fn job_id_tail(id: &str, n: usize) -> Option<u16> {
 /// from the step's first node and MASTER_PORT from the job id (15000 + its
 /// last four digits, as Lightning does, so every task of the job agrees).
 /// Each is None when already set or not derivable.
-pub fn slurm_master(env: Env) -> (Option<String>, Option<u16>) {
+pub(crate) fn slurm_master(env: Env) -> (Option<String>, Option<u16>) {
     if env("SLURM_JOB_ID").is_none() && env("SLURM_STEP_NODELIST").is_none() {
         return (None, None);
     }
@@ -270,7 +272,7 @@ pub fn slurm_master(env: Env) -> (Option<String>, Option<u16>) {
 /// agent per node, as `srun -N2 --ntasks-per-node=1 threadwise run` starts
 /// them, and as tune's trials do): the node's place in the step, as Slurm
 /// numbers it (SLURM_NODEID, Lightning's node rank too).
-pub fn slurm_node_rank(env: Env, nnodes: usize) -> Option<usize> {
+pub(crate) fn slurm_node_rank(env: Env, nnodes: usize) -> Option<usize> {
     let num = |k: &str| env(k).and_then(|v| v.trim().parse::<usize>().ok());
     env("SLURM_STEP_ID")?;
     let nodes = num("SLURM_STEP_NUM_NODES")?;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 /// Where this node sits in the job.
 #[derive(Debug, Clone)]
-pub struct Job {
+pub(crate) struct Job {
     /// Ranks on this node.
     pub nproc: usize,
     pub master_addr: String,
@@ -25,7 +25,7 @@ pub struct Job {
 
 impl Job {
     /// A one-node job of `nproc` ranks.
-    pub fn single(nproc: usize, master_addr: &str, master_port: u16, run_id: String) -> Job {
+    pub(crate) fn single(nproc: usize, master_addr: &str, master_port: u16, run_id: String) -> Job {
         Job {
             nproc,
             master_addr: master_addr.to_string(),
@@ -42,7 +42,7 @@ impl Job {
 }
 
 /// torchrun's per-worker variables for local rank `local`.
-pub fn torchrun_env(job: &Job, local: usize) -> BTreeMap<String, String> {
+pub(crate) fn torchrun_env(job: &Job, local: usize) -> BTreeMap<String, String> {
     let n = job.nproc.to_string();
     let world = job.world_size.to_string();
     let global = (job.rank_offset + local).to_string();
@@ -75,13 +75,13 @@ pub fn torchrun_env(job: &Job, local: usize) -> BTreeMap<String, String> {
 }
 
 /// A free TCP port on the loopback (the kernel's choice), for MASTER_PORT.
-pub fn free_port() -> std::io::Result<u16> {
+pub(crate) fn free_port() -> std::io::Result<u16> {
     let l = std::net::TcpListener::bind(("127.0.0.1", 0))?;
     Ok(l.local_addr()?.port())
 }
 
 /// A run id unique enough for one machine: pid and time.
-pub fn run_id() -> String {
+pub(crate) fn run_id() -> String {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
@@ -91,7 +91,7 @@ pub fn run_id() -> String {
 
 /// Variables a launch sets that the user's environment already had with another
 /// value: (name, theirs, ours).
-pub fn overridden(
+pub(crate) fn overridden(
     set: &BTreeMap<String, String>,
     current: &dyn Fn(&str) -> Option<String>,
 ) -> Vec<(String, String, String)> {
@@ -104,17 +104,17 @@ pub fn overridden(
 }
 
 /// What torchrun's agent tells ranks about signals it handles.
-pub const SIGNALS_TO_HANDLE: &str = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+pub(crate) const SIGNALS_TO_HANDLE: &str = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
 
 /// Where rank `local` records its exception (torch's `@record` writes
 /// `TORCHELASTIC_ERROR_FILE`): `rank-K.error.json` in `dir`.
-pub fn error_file(dir: &std::path::Path, local: usize) -> std::path::PathBuf {
+pub(crate) fn error_file(dir: &std::path::Path, local: usize) -> std::path::PathBuf {
     dir.join(format!("rank-{local}.error.json"))
 }
 
 /// The exception a rank recorded, as torchrun prints its root cause: the
 /// message, then the traceback. None when the file is absent or not torch's.
-pub fn recorded_error(path: &std::path::Path) -> Option<String> {
+pub(crate) fn recorded_error(path: &std::path::Path) -> Option<String> {
     use crate::topology::fsread::{MAX_SYSFS_FILE, read_bounded};
     let text = read_bounded(path, MAX_SYSFS_FILE).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;

@@ -19,7 +19,7 @@ use crate::topology::Topology;
 
 /// Who watches a node's ranks while they run (`top`'s state file and `run
 /// --top`'s live view): the command line gives it, launching knows no more.
-pub trait Watcher: Send + Sync {
+pub(crate) trait Watcher: Send + Sync {
     /// For one round: the hook `supervise` calls with the ranks' pids, and
     /// what to call once they all ended.
     fn round(&self, s: &RunSettings, log_dir: Option<&Path>)
@@ -28,7 +28,7 @@ pub trait Watcher: Send + Sync {
 
 /// What `run` was asked to do, checked and resolved: the plan is made, the
 /// program found.
-pub struct RunSettings {
+pub(crate) struct RunSettings {
     /// The command each rank runs, as typed (argv[0] as given).
     pub command: Vec<OsString>,
     /// argv[0] resolved on PATH.
@@ -54,7 +54,7 @@ pub struct RunSettings {
 
 /// One node of a multi-node job.
 #[derive(Debug, Clone)]
-pub struct ClusterSettings {
+pub(crate) struct ClusterSettings {
     pub agent: AgentConfig,
     /// Report this node's use to the rendezvous after each round, with global
     /// rank 0's throughput read by this metric (tune --nnodes).
@@ -63,7 +63,7 @@ pub struct ClusterSettings {
 
 /// Why a job could not run (its ranks' own failures are exit codes, not these).
 #[derive(Debug, thiserror::Error)]
-pub enum JobError {
+pub(crate) enum JobError {
     #[error(transparent)]
     Launch(#[from] LaunchError),
     #[error(transparent)]
@@ -73,7 +73,7 @@ pub enum JobError {
 }
 
 impl JobError {
-    pub fn code(&self) -> i32 {
+    pub(crate) fn code(&self) -> i32 {
         match self {
             JobError::Launch(e) => e.code(),
             JobError::Prepare(e) => e.code(),
@@ -82,7 +82,7 @@ impl JobError {
     }
 
     /// What to do about it (empty when nothing is to be done).
-    pub fn hint(&self) -> String {
+    pub(crate) fn hint(&self) -> String {
         match self {
             JobError::Launch(e) => e.hint().into(),
             JobError::Prepare(e) => e.hint(),
@@ -97,7 +97,7 @@ fn current(k: &str) -> Option<String> {
 
 /// What each rank would get, and the containment (`--dry-run`), on one node
 /// or as one node of many.
-pub fn dry_run(s: &RunSettings) -> Result<String, JobError> {
+pub(crate) fn dry_run(s: &RunSettings) -> Result<String, JobError> {
     if let Some(c) = &s.cluster {
         return Ok(super::cluster::rounds::dry_run(s, &c.agent));
     }
@@ -109,7 +109,7 @@ pub fn dry_run(s: &RunSettings) -> Result<String, JobError> {
 
 /// Run the job to its end and return its exit code: 0, the first failing
 /// rank's own (128+N for a signal), 3 when a log was lost.
-pub fn run(s: &RunSettings) -> Result<i32, JobError> {
+pub(crate) fn run(s: &RunSettings) -> Result<i32, JobError> {
     if let Some(c) = &s.cluster {
         return super::cluster::rounds::run(s, c);
     }
@@ -212,7 +212,7 @@ pub(crate) fn supervise_node(
 /// A warning when others may write in the log directory: they could plant
 /// files where rank logs go (links are never followed, but a file of theirs
 /// would be overwritten by root).
-pub fn log_dir_warning(dir: &Path) -> Option<String> {
+pub(crate) fn log_dir_warning(dir: &Path) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(dir).ok()?;
     // SAFETY: plain syscall.

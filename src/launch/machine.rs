@@ -13,30 +13,30 @@ use crate::os;
 
 /// How a rank ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
+pub(crate) enum Exit {
     Code(i32),
     Signal(i32),
 }
 
 impl Exit {
     /// The shell convention: the code, or 128 + the signal number.
-    pub fn code(self) -> i32 {
+    pub(crate) fn code(self) -> i32 {
         match self {
             Exit::Code(c) => c,
             Exit::Signal(s) => 128 + s,
         }
     }
-    pub fn success(self) -> bool {
+    pub(crate) fn success(self) -> bool {
         self == Exit::Code(0)
     }
-    pub fn describe(self) -> String {
+    pub(crate) fn describe(self) -> String {
         match self {
             Exit::Code(0) => "exited 0".to_string(),
             Exit::Code(c) => format!("exited with code {c}"),
             Exit::Signal(s) => format!("killed by signal {s} ({})", os::signal_name(s)),
         }
     }
-    pub fn from_status(status: libc::c_int) -> Exit {
+    pub(crate) fn from_status(status: libc::c_int) -> Exit {
         if libc::WIFSIGNALED(status) {
             Exit::Signal(libc::WTERMSIG(status))
         } else {
@@ -47,7 +47,7 @@ impl Exit {
 
 /// What happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Event {
+pub(crate) enum Event {
     /// Rank `i` (its index in the launch) ended.
     Ended(usize, Exit),
     /// We received this signal.
@@ -61,7 +61,7 @@ pub enum Event {
 
 /// What to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Act {
+pub(crate) enum Act {
     /// Send `sig` to the process groups of these ranks (indices).
     Signal(i32, Vec<usize>),
     /// Stop ourselves (the ranks were sent SIGTSTP first).
@@ -70,7 +70,7 @@ pub enum Act {
 
 /// The supervisor's state between events.
 #[derive(Debug, Clone)]
-pub struct Machine {
+pub(crate) struct Machine {
     alive: Vec<bool>,
     first_failure: Option<usize>,
     user_signal: Option<i32>,
@@ -83,7 +83,7 @@ pub struct Machine {
 
 impl Machine {
     /// `ranks` running, a `grace` period, and an optional deadline.
-    pub fn new(ranks: usize, grace: Duration, deadline: Option<Instant>) -> Machine {
+    pub(crate) fn new(ranks: usize, grace: Duration, deadline: Option<Instant>) -> Machine {
         Machine {
             alive: vec![true; ranks],
             first_failure: None,
@@ -100,21 +100,21 @@ impl Machine {
     }
 
     /// Every rank has ended.
-    pub fn done(&self) -> bool {
+    pub(crate) fn done(&self) -> bool {
         !self.alive.contains(&true)
     }
 
     /// The first rank that failed on its own.
-    pub fn first_failure(&self) -> Option<usize> {
+    pub(crate) fn first_failure(&self) -> Option<usize> {
         self.first_failure
     }
 
     /// The first signal the user sent.
-    pub fn user_signal(&self) -> Option<i32> {
+    pub(crate) fn user_signal(&self) -> Option<i32> {
         self.user_signal
     }
 
-    pub fn timed_out(&self) -> bool {
+    pub(crate) fn timed_out(&self) -> bool {
         self.timed_out
     }
 
@@ -128,7 +128,7 @@ impl Machine {
     }
 
     /// One event at `now`: what to do.
-    pub fn on(&mut self, event: Event, now: Instant) -> Vec<Act> {
+    pub(crate) fn on(&mut self, event: Event, now: Instant) -> Vec<Act> {
         let mut out = vec![];
         match event {
             Event::Ended(i, exit) => {
@@ -176,7 +176,7 @@ impl Machine {
     }
 
     /// Milliseconds from `now` until the next deadline, for poll (-1: none).
-    pub fn wait_ms(&self, now: Instant) -> i32 {
+    pub(crate) fn wait_ms(&self, now: Instant) -> i32 {
         let wake = match (self.kill_at, self.deadline.filter(|_| !self.timed_out)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

@@ -3,18 +3,18 @@
 //! work (fork/exec, signals, pipes, wait4) lives here; what each rank gets is
 //! decided by the planner and turned into a `RankLaunch` before anything starts.
 
-pub mod bind;
-pub mod cluster;
-pub mod contain;
-pub mod detect;
-pub mod env;
-pub mod job;
-pub mod machine;
-pub mod output;
-pub mod prepare;
+pub(crate) mod bind;
+pub(crate) mod cluster;
+pub(crate) mod contain;
+pub(crate) mod detect;
+pub(crate) mod env;
+pub(crate) mod job;
+pub(crate) mod machine;
+pub(crate) mod output;
+pub(crate) mod prepare;
 pub(crate) mod signals;
-pub mod supervise;
-pub mod workers;
+pub(crate) mod supervise;
+pub(crate) mod workers;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -25,7 +25,7 @@ use crate::plan::{MemPolicy, Plan, RankPlan};
 
 /// Errors before or while starting ranks.
 #[derive(Debug, thiserror::Error)]
-pub enum LaunchError {
+pub(crate) enum LaunchError {
     #[error("no command given")]
     NoCommand,
     #[error("command not found: {0}")]
@@ -66,7 +66,7 @@ pub enum LaunchError {
 
 impl LaunchError {
     /// The exit code: 3 where the machine refused, 2 for what the user gave.
-    pub fn code(&self) -> i32 {
+    pub(crate) fn code(&self) -> i32 {
         match self {
             LaunchError::Placement { .. }
             | LaunchError::LogDir { .. }
@@ -76,7 +76,7 @@ impl LaunchError {
         }
     }
 
-    pub fn hint(&self) -> &'static str {
+    pub(crate) fn hint(&self) -> &'static str {
         match self {
             LaunchError::NoCommand => {
                 "put the command after --: threadwise run -n 2 -- python train.py"
@@ -110,7 +110,7 @@ impl LaunchError {
 /// One rank, ready to start (compared whole: tune measures two
 /// configurations that launch alike once).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RankLaunch {
+pub(crate) struct RankLaunch {
     pub local_rank: usize,
     pub argv: Vec<OsString>,
     /// argv[0] resolved through PATH, when it was.
@@ -127,7 +127,7 @@ pub struct RankLaunch {
 }
 
 /// The placement a rank plan asks for.
-pub fn placement_of(rank: &RankPlan) -> (Placement, String) {
+pub(crate) fn placement_of(rank: &RankPlan) -> (Placement, String) {
     let mode = match rank.mem_policy {
         MemPolicy::None => None,
         MemPolicy::Local => Some(os::MPOL_LOCAL),
@@ -154,7 +154,7 @@ pub fn placement_of(rank: &RankPlan) -> (Placement, String) {
 }
 
 /// One rank's launch: the plan's environment plus `extra`, its placement.
-pub fn rank_launch(
+pub(crate) fn rank_launch(
     rank: &RankPlan,
     argv: &[OsString],
     extra: BTreeMap<String, String>,
@@ -182,7 +182,7 @@ pub fn rank_launch(
 
 /// Every rank of a plan with torchrun's contract for `job`; the plan's unset
 /// variables are removed from the inherited environment.
-pub fn plan_launches(p: &Plan, argv: &[OsString], job: &env::Job) -> Vec<RankLaunch> {
+pub(crate) fn plan_launches(p: &Plan, argv: &[OsString], job: &env::Job) -> Vec<RankLaunch> {
     p.ranks
         .iter()
         .map(|r| {
@@ -195,7 +195,7 @@ pub fn plan_launches(p: &Plan, argv: &[OsString], job: &env::Job) -> Vec<RankLau
 
 /// A plan's launches on this node with torchrun's contract: rank 0 at
 /// `master_addr`, listening on `port` (a free one when None).
-pub fn node_launches(
+pub(crate) fn node_launches(
     p: &Plan,
     argv: &[OsString],
     master_addr: &str,
@@ -212,7 +212,7 @@ pub fn node_launches(
 /// Try every launch's placement in one scratch thread before any rank starts,
 /// so a refusal is reported once, up front, and never leaves half a launch
 /// behind.
-pub fn check_placements(launches: &[RankLaunch]) -> Result<(), LaunchError> {
+pub(crate) fn check_placements(launches: &[RankLaunch]) -> Result<(), LaunchError> {
     let ps: Vec<Placement> = launches.iter().map(|l| l.placement.clone()).collect();
     let refused = std::thread::spawn(move || {
         ps.iter()
@@ -236,7 +236,7 @@ pub fn check_placements(launches: &[RankLaunch]) -> Result<(), LaunchError> {
 
 /// Resolve a program the way execvp would (the `which` crate), to fail before
 /// starting anything.
-pub fn resolve(program: &OsString) -> Result<PathBuf, LaunchError> {
+pub(crate) fn resolve(program: &OsString) -> Result<PathBuf, LaunchError> {
     let name = Path::new(program);
     if program.is_empty() {
         return Err(LaunchError::NotFound("''".into()));

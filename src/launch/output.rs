@@ -20,14 +20,14 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 /// Lines up to this long are written whole; longer ones in pieces of it.
-pub const MAX_LINE: usize = 8 << 20;
+pub(crate) const MAX_LINE: usize = 8 << 20;
 /// Stderr lines kept per rank for the failure report.
-pub const TAIL_LINES: usize = 20;
+pub(crate) const TAIL_LINES: usize = 20;
 /// A tail line is cut to this many bytes (the report wants context, not 8 MiB).
 const TAIL_LINE_BYTES: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stream {
+pub(crate) enum Stream {
     Stdout,
     Stderr,
 }
@@ -35,11 +35,11 @@ pub enum Stream {
 /// Called with (local rank, line without its terminator) for every line of
 /// every rank, as it arrives: tune parses its metric here instead of keeping
 /// the output.
-pub type LineSink = Arc<dyn Fn(usize, &str) + Send + Sync>;
+pub(crate) type LineSink = Arc<dyn Fn(usize, &str) + Send + Sync>;
 
 /// How output is shown.
 #[derive(Clone)]
-pub struct OutputOptions {
+pub(crate) struct OutputOptions {
     pub prefix: bool,
     /// Ranks whose output is shown on the terminal (None: all).
     pub show: Option<Vec<usize>>,
@@ -60,11 +60,11 @@ impl std::fmt::Debug for OutputOptions {
 }
 
 /// The last stderr lines of one rank.
-pub type Tail = Arc<Mutex<VecDeque<String>>>;
+pub(crate) type Tail = Arc<Mutex<VecDeque<String>>>;
 
 /// What went wrong with the output while the ranks ran, for the end report.
 #[derive(Debug, Default)]
-pub struct OutputState {
+pub(crate) struct OutputState {
     /// Set when our stdout / stderr was closed by the reader.
     pub stdout_closed: AtomicBool,
     pub stderr_closed: AtomicBool,
@@ -277,7 +277,7 @@ impl Pump {
 }
 
 /// Start a thread that copies one pipe to our stdout or stderr (and the log).
-pub fn pump(
+pub(crate) fn pump(
     rank: usize,
     stream: Stream,
     mut pipe: impl Read + Send + 'static,

@@ -16,7 +16,7 @@ use crate::plan::{self, NProc, Plan, PlanError, PlanRequest};
 use crate::topology::{Topology, TopologyError};
 
 #[derive(Debug, thiserror::Error)]
-pub enum PrepareError {
+pub(crate) enum PrepareError {
     #[error(transparent)]
     Launch(#[from] LaunchError),
     #[error(transparent)]
@@ -48,7 +48,7 @@ pub enum PrepareError {
 
 impl PrepareError {
     /// What to do about it.
-    pub fn hint(&self) -> String {
+    pub(crate) fn hint(&self) -> String {
         match self {
             PrepareError::Launch(e) => e.hint().into(),
             PrepareError::Plan(e) => e.hint_here(crate::topology::probe::in_srun_step()),
@@ -71,7 +71,7 @@ impl PrepareError {
     }
 
     /// The exit code: 2 for what the user typed, 3 for the machine.
-    pub fn code(&self) -> i32 {
+    pub(crate) fn code(&self) -> i32 {
         match self {
             PrepareError::Launch(e) => e.code(),
             PrepareError::Plan(_)
@@ -88,7 +88,7 @@ impl PrepareError {
 
 /// A plan saved by `tune --save-plan` (or `plan --json`), checked whole
 /// against this machine before anything starts.
-pub fn saved_plan(path: &Path, t: &Topology) -> Result<Plan, PrepareError> {
+pub(crate) fn saved_plan(path: &Path, t: &Topology) -> Result<Plan, PrepareError> {
     use crate::topology::fsread::{MAX_SYSFS_FILE, read_bounded};
     let shown = path.display().to_string();
     let text = read_bounded(path, MAX_SYSFS_FILE).map_err(|e| PrepareError::PlanUnreadable {
@@ -132,7 +132,7 @@ pub fn saved_plan(path: &Path, t: &Topology) -> Result<Plan, PrepareError> {
 
 /// Try every rank's binding before anything starts; on refusal stop, or
 /// (`allow_unbound`) run every rank unbound and return the warning to show.
-pub fn check_bindings(
+pub(crate) fn check_bindings(
     launches: &mut [RankLaunch],
     allow_unbound: bool,
 ) -> Result<Option<String>, PrepareError> {
@@ -150,13 +150,13 @@ pub fn check_bindings(
 
 /// Where torch's `@record` puts a failing rank's exception, as torchrun sets
 /// it: beside the logs, or in a private directory removed when this is dropped.
-pub struct ErrorFiles {
+pub(crate) struct ErrorFiles {
     _private: Option<tempfile::TempDir>,
     pub dir: PathBuf,
 }
 
 impl ErrorFiles {
-    pub fn new(log_dir: Option<&Path>) -> Result<ErrorFiles, PrepareError> {
+    pub(crate) fn new(log_dir: Option<&Path>) -> Result<ErrorFiles, PrepareError> {
         if let Some(d) = log_dir {
             return Ok(ErrorFiles {
                 _private: None,
@@ -174,13 +174,13 @@ impl ErrorFiles {
     }
 
     /// The log directory, when the user gave one (else the files are private).
-    pub fn logs(&self) -> Option<&Path> {
+    pub(crate) fn logs(&self) -> Option<&Path> {
         self._private.is_none().then_some(self.dir.as_path())
     }
 
     /// Give every rank its TORCHELASTIC_ERROR_FILE, removing a previous
     /// run's record (no root cause of this one).
-    pub fn assign(&self, launches: &mut [RankLaunch]) {
+    pub(crate) fn assign(&self, launches: &mut [RankLaunch]) {
         for l in launches {
             let f = super::env::error_file(&self.dir, l.local_rank);
             let _ = std::fs::remove_file(&f);
@@ -191,7 +191,10 @@ impl ErrorFiles {
 }
 
 /// The line saying which of the user's variables a launch replaces, if any.
-pub fn overrides_note(l: &RankLaunch, current: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+pub(crate) fn overrides_note(
+    l: &RankLaunch,
+    current: &dyn Fn(&str) -> Option<String>,
+) -> Option<String> {
     let o = overridden(&l.env, current);
     (!o.is_empty()).then(|| {
         let list: Vec<String> = o
@@ -208,7 +211,7 @@ pub fn overrides_note(l: &RankLaunch, current: &dyn Fn(&str) -> Option<String>) 
 /// `bind`: the node plan every sibling under the launcher computes alike, and
 /// this rank's launch of `command` (with LOCAL_RANK, LOCAL_WORLD_SIZE, RANK
 /// and WORLD_SIZE added where the launcher did not set them).
-pub fn bind_launch(
+pub(crate) fn bind_launch(
     mut t: Topology,
     mut req: PlanRequest,
     command: &[OsString],
@@ -263,7 +266,7 @@ pub fn bind_launch(
 
 /// `--dry-run`: what each rank would get. `mover`: run moves DataLoader
 /// workers (bind does not).
-pub fn dry_run(
+pub(crate) fn dry_run(
     plan: &Plan,
     launches: &[RankLaunch],
     mover: bool,

@@ -30,13 +30,13 @@ extern "C" fn on_signal(sig: libc::c_int) {
 }
 
 /// The read end of the signal pipe.
-pub struct SignalPipe {
+pub(crate) struct SignalPipe {
     fd: libc::c_int,
 }
 
 /// What the supervisor does with a signal it receives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Stop every rank with this signal, grace period, SIGKILL.
     Stop(i32),
     /// Send it to every rank and go on.
@@ -47,7 +47,7 @@ pub enum Action {
     Child,
 }
 
-pub fn action(sig: i32) -> Option<Action> {
+pub(crate) fn action(sig: i32) -> Option<Action> {
     Some(match sig {
         libc::SIGINT | libc::SIGTERM | libc::SIGHUP => Action::Stop(sig),
         libc::SIGQUIT => Action::Stop(libc::SIGTERM),
@@ -85,7 +85,7 @@ fn ignored(sig: i32) -> bool {
 impl SignalPipe {
     /// The process's signal pipe, installed on first use (later runs, such as
     /// tune's trials, share it).
-    pub fn get() -> std::io::Result<&'static SignalPipe> {
+    pub(crate) fn get() -> std::io::Result<&'static SignalPipe> {
         static PIPE: std::sync::OnceLock<SignalPipe> = std::sync::OnceLock::new();
         if let Some(p) = PIPE.get() {
             return Ok(p);
@@ -118,7 +118,7 @@ impl SignalPipe {
     }
 
     /// Wait up to `timeout_ms` (-1: forever) and return the signals that came.
-    pub fn wait(&self, timeout_ms: i32) -> Vec<i32> {
+    pub(crate) fn wait(&self, timeout_ms: i32) -> Vec<i32> {
         let mut pfd = libc::pollfd {
             fd: self.fd,
             events: libc::POLLIN,

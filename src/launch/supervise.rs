@@ -22,7 +22,7 @@ use crate::measure::process;
 use crate::os;
 
 #[derive(Debug, Clone)]
-pub struct RunOptions {
+pub(crate) struct RunOptions {
     pub grace: Duration,
     /// Stop every rank (SIGTERM, grace, SIGKILL) after this long.
     pub timeout: Option<Duration>,
@@ -38,7 +38,7 @@ pub struct RunOptions {
 }
 
 /// The other nodes of the job, as the supervisor sees them.
-pub trait Peer: Send + Sync + std::fmt::Debug {
+pub(crate) trait Peer: Send + Sync + std::fmt::Debug {
     /// The job must end here too (polled every 100 ms).
     fn stop_requested(&self) -> bool;
     /// This node's part went wrong on its own (told once, at once).
@@ -47,7 +47,7 @@ pub trait Peer: Send + Sync + std::fmt::Debug {
 
 /// What went wrong on this node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LocalFailure {
+pub(crate) enum LocalFailure {
     /// A rank failed: its local rank, pid and end.
     Rank(usize, i32, Exit),
     /// The user stopped us with this signal.
@@ -56,10 +56,10 @@ pub enum LocalFailure {
 
 /// A callback with the ranks' pids (the state file for `top`, `run --top`).
 #[derive(Clone)]
-pub struct Spawned(pub Arc<SpawnedFn>);
+pub(crate) struct Spawned(pub Arc<SpawnedFn>);
 
 /// Called with every rank's (local rank, pid).
-pub type SpawnedFn = dyn Fn(&[(usize, i32)]) + Send + Sync;
+pub(crate) type SpawnedFn = dyn Fn(&[(usize, i32)]) + Send + Sync;
 
 impl std::fmt::Debug for Spawned {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -67,11 +67,11 @@ impl std::fmt::Debug for Spawned {
     }
 }
 
-pub use super::machine::Exit;
+pub(crate) use super::machine::Exit;
 
 /// One rank's end, with wait4's resource usage.
 #[derive(Debug, Clone)]
-pub struct RankResult {
+pub(crate) struct RankResult {
     pub local_rank: usize,
     pub pid: i32,
     pub exit: Exit,
@@ -84,7 +84,7 @@ pub struct RankResult {
 
 /// The whole run's end.
 #[derive(Debug, Default)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub results: Vec<RankResult>,
     /// Index of the first rank that failed on its own.
     pub first_failure: Option<usize>,
@@ -102,7 +102,7 @@ pub struct Outcome {
 
 impl Outcome {
     /// 0, the first failing rank's code, or 128 + the user's signal.
-    pub fn code(&self) -> i32 {
+    pub(crate) fn code(&self) -> i32 {
         match (self.first_failure, self.signal) {
             (Some(i), _) => self.results[i].exit.code(),
             (None, Some(s)) => 128 + s,
@@ -384,7 +384,7 @@ impl Watch {
 }
 
 /// Start every rank and supervise them to the end.
-pub fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchError> {
+pub(crate) fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchError> {
     let signals = SignalPipe::get().map_err(|source| LaunchError::Spawn {
         rank: 0,
         program: "signal pipe".into(),
@@ -527,7 +527,7 @@ fn join_within(handles: Vec<JoinHandle<()>>, limit: Duration) {
 }
 
 /// The end-of-run summary, one line per rank.
-pub fn summary(o: &Outcome) -> String {
+pub(crate) fn summary(o: &Outcome) -> String {
     let mut s = format!(
         "threadwise: {} rank(s) in {:.2} s\n{:<5} {:>8}  {:<34} {:>9} {:>9} {:>10} {:>9} {:>9}\n",
         o.results.len(),
@@ -560,13 +560,13 @@ pub fn summary(o: &Outcome) -> String {
 /// What to say about a failure: which rank, its pid, how, and its stderr tail.
 /// With `errors`, the directory of the ranks' TORCHELASTIC_ERROR_FILEs: the
 /// exception the failing rank recorded is its root cause, as torchrun says.
-pub fn failure_report(o: &Outcome, errors: Option<&std::path::Path>) -> Option<String> {
+pub(crate) fn failure_report(o: &Outcome, errors: Option<&std::path::Path>) -> Option<String> {
     failure_report_on(o, errors, None)
 }
 
 /// `failure_report`; on one node of many (`host`) the line names the host
 /// and calls the rank local: "host1: error: local rank 1 (pid ...)".
-pub fn failure_report_on(
+pub(crate) fn failure_report_on(
     o: &Outcome,
     errors: Option<&std::path::Path>,
     host: Option<&str>,

@@ -23,14 +23,14 @@ use crate::measure::process::{children, exe, tasks};
 
 /// One rank's mover.
 #[derive(Debug)]
-pub struct Mover {
+pub(crate) struct Mover {
     words: Vec<u64>,
     /// Workers set so far, with the thread count they had then.
     seen: HashMap<i32, usize>,
 }
 
 impl Mover {
-    pub fn new(words: Vec<u64>) -> Mover {
+    pub(crate) fn new(words: Vec<u64>) -> Mover {
         Mover {
             words,
             seen: HashMap::new(),
@@ -39,7 +39,7 @@ impl Mover {
 
     /// Find the rank's workers and set the new ones; returns how many
     /// processes were set this time.
-    pub fn tick(&mut self, rank: i32) -> usize {
+    pub(crate) fn tick(&mut self, rank: i32) -> usize {
         let mut moved = 0;
         let mut stack: Vec<(i32, Option<PathBuf>)> = vec![(rank, exe(rank))];
         let mut alive = vec![];

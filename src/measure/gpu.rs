@@ -13,7 +13,7 @@ use nvml_wrapper::Nvml;
 
 /// One GPU now.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct GpuNow {
+pub(crate) struct GpuNow {
     pub bus_id: String,
     pub util_pct: Option<f64>,
     /// Memory in use on the GPU, every process's.
@@ -26,7 +26,7 @@ const MIB: f64 = (1u64 << 20) as f64;
 
 /// Read the GPUs with these bus ids (sysfs spelling) that NVML lists, or
 /// every GPU it lists.
-pub fn read(nvml: &Nvml, bus_ids: Option<&[String]>) -> Vec<GpuNow> {
+pub(crate) fn read(nvml: &Nvml, bus_ids: Option<&[String]>) -> Vec<GpuNow> {
     let mut out = Vec::new();
     let count = nvml.device_count().unwrap_or(0);
     for i in 0..count {
@@ -61,7 +61,7 @@ pub fn read(nvml: &Nvml, bus_ids: Option<&[String]>) -> Vec<GpuNow> {
 
 /// Which of `roots` `pid` is, or descends from (ranks start shells, shells
 /// start Python): at most 64 steps up the tree.
-pub fn owner(pid: u32, roots: &[i32]) -> Option<i32> {
+pub(crate) fn owner(pid: u32, roots: &[i32]) -> Option<i32> {
     let mut p = pid as i32;
     for _ in 0..64 {
         if roots.contains(&p) {
@@ -77,7 +77,7 @@ pub fn owner(pid: u32, roots: &[i32]) -> Option<i32> {
 
 /// What a trial's samples add up to.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct GpuSample {
+pub(crate) struct GpuSample {
     /// Mean utilisation of the job's GPUs over the trial.
     pub util_pct: Option<f64>,
     /// Peak memory in use on the job's GPUs (summed over them; every process's).
@@ -140,9 +140,9 @@ impl Acc {
 }
 
 /// The ranks' pids, filled in once they have started.
-pub type JobPids = Arc<Mutex<Vec<i32>>>;
+pub(crate) type JobPids = Arc<Mutex<Vec<i32>>>;
 
-pub struct GpuSampler {
+pub(crate) struct GpuSampler {
     nvml: Arc<Nvml>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<GpuSample>>,
@@ -150,7 +150,7 @@ pub struct GpuSampler {
 
 impl GpuSampler {
     /// None when NVML cannot be loaded or sees no GPU.
-    pub fn new() -> Option<GpuSampler> {
+    pub(crate) fn new() -> Option<GpuSampler> {
         let nvml = crate::nvml::open().ok()?;
         if nvml.device_count().ok()? == 0 {
             return None;
@@ -164,7 +164,7 @@ impl GpuSampler {
 
     /// Sample `gpus` (bus ids) every 100 ms until `stop`; `job` holds the
     /// ranks' pids once they run. No GPUs: nothing is sampled.
-    pub fn start(&mut self, gpus: Vec<String>, job: JobPids) {
+    pub(crate) fn start(&mut self, gpus: Vec<String>, job: JobPids) {
         self.stop.store(false, Ordering::Relaxed);
         if gpus.is_empty() {
             self.thread = None;
@@ -183,7 +183,7 @@ impl GpuSampler {
         }));
     }
 
-    pub fn stop(&mut self) -> GpuSample {
+    pub(crate) fn stop(&mut self) -> GpuSample {
         self.stop.store(true, Ordering::Relaxed);
         self.thread
             .take()

@@ -5,8 +5,8 @@
 //! and `throughput` (the rate a job prints, by `rates`' rules or the user's
 //! `--metric`), read by tune's trials and by a node agent's report alike.
 
-pub mod gpu;
-pub mod proc;
-pub mod process;
-pub mod rates;
-pub mod throughput;
+pub(crate) mod gpu;
+pub(crate) mod proc;
+pub(crate) mod process;
+pub(crate) mod rates;
+pub(crate) mod throughput;

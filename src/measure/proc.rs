@@ -11,7 +11,7 @@ use crate::cpuset::CpuSet;
 
 /// One thread at one moment.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Thread {
+pub(crate) struct Thread {
     pub tid: i32,
     /// R running or runnable, S sleeping, D, T, Z ...
     pub state: char,
@@ -26,11 +26,11 @@ pub struct Thread {
 }
 
 /// A context-switch count not read in this sample.
-pub const UNKNOWN: u64 = u64::MAX;
+pub(crate) const UNKNOWN: u64 = u64::MAX;
 
 /// One process (a rank or one of its children) at one moment.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Process {
+pub(crate) struct Process {
     pub pid: i32,
     pub comm: String,
     pub threads: Vec<Thread>,
@@ -42,13 +42,13 @@ pub struct Process {
 }
 
 /// Reads /proc below a root ("/" but for tests), reusing its buffer.
-pub struct ProcReader {
+pub(crate) struct ProcReader {
     root: String,
     buf: Vec<u8>,
 }
 
 impl ProcReader {
-    pub fn new(root: &str) -> ProcReader {
+    pub(crate) fn new(root: &str) -> ProcReader {
         ProcReader {
             root: root.trim_end_matches('/').to_string(),
             buf: Vec::with_capacity(4096),
@@ -144,7 +144,7 @@ impl ProcReader {
 
     /// A process with all its threads (their context switches with `cs`: the
     /// per-thread status files are half the cost); None once it is gone.
-    pub fn process(&mut self, pid: i32, numa: bool, cs: bool) -> Option<Process> {
+    pub(crate) fn process(&mut self, pid: i32, numa: bool, cs: bool) -> Option<Process> {
         let status = self.read(&format!("{pid}/status"))?.to_string();
         let mut p = Process {
             pid,
@@ -196,7 +196,7 @@ impl ProcReader {
     }
 
     /// The whole machine's CPU time so far, from /proc/stat's `cpu` line.
-    pub fn system(&mut self) -> Option<SystemTimes> {
+    pub(crate) fn system(&mut self) -> Option<SystemTimes> {
         let stat = self.read("stat")?;
         let line = stat.lines().find(|l| l.starts_with("cpu "))?;
         let v: Vec<u64> = line
@@ -213,7 +213,7 @@ impl ProcReader {
     }
 
     /// Busy and total ticks per CPU, from /proc/stat.
-    pub fn cpu_times(&mut self) -> BTreeMap<usize, (u64, u64)> {
+    pub(crate) fn cpu_times(&mut self) -> BTreeMap<usize, (u64, u64)> {
         let mut out = BTreeMap::new();
         let Some(stat) = self.read("stat") else {
             return out;
@@ -239,7 +239,7 @@ impl ProcReader {
 
 /// The machine's CPU time, in clock ticks (all CPUs together).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SystemTimes {
+pub(crate) struct SystemTimes {
     /// Running anything: user, nice, system, irq, softirq.
     pub busy_ticks: u64,
     /// Taken by the hypervisor for other guests.
@@ -248,7 +248,7 @@ pub struct SystemTimes {
 
 impl SystemTimes {
     /// What happened between `self` and `later`, in seconds: (busy, steal).
-    pub fn since(self, later: SystemTimes) -> (f64, f64) {
+    pub(crate) fn since(self, later: SystemTimes) -> (f64, f64) {
         let hz = ticks_per_second();
         (
             later.busy_ticks.saturating_sub(self.busy_ticks) as f64 / hz,
@@ -258,7 +258,7 @@ impl SystemTimes {
 }
 
 /// Clock ticks per second (USER_HZ).
-pub fn ticks_per_second() -> f64 {
+pub(crate) fn ticks_per_second() -> f64 {
     // SAFETY: plain query.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if t > 0 { t as f64 } else { 100.0 }

@@ -13,7 +13,7 @@ fn path(pid: i32, rel: &str) -> String {
 }
 
 /// Every process id in /proc now.
-pub fn pids() -> Vec<i32> {
+pub(crate) fn pids() -> Vec<i32> {
     std::fs::read_dir("/proc")
         .map(|d| {
             d.flatten()
@@ -24,7 +24,7 @@ pub fn pids() -> Vec<i32> {
 }
 
 /// `pid`'s threads.
-pub fn tasks(pid: i32) -> Vec<i32> {
+pub(crate) fn tasks(pid: i32) -> Vec<i32> {
     std::fs::read_dir(path(pid, "task"))
         .map(|d| {
             d.flatten()
@@ -37,7 +37,7 @@ pub fn tasks(pid: i32) -> Vec<i32> {
 /// Child processes of any of `pid`'s threads, sorted: the one rule for
 /// children (the kernel lists a child under the thread that forked it, so a
 /// worker started from another thread than the main one is found too).
-pub fn children(pid: i32) -> Vec<i32> {
+pub(crate) fn children(pid: i32) -> Vec<i32> {
     let mut out = vec![];
     for tid in tasks(pid) {
         if let Ok(s) = std::fs::read_to_string(path(pid, &format!("task/{tid}/children"))) {
@@ -49,7 +49,7 @@ pub fn children(pid: i32) -> Vec<i32> {
 }
 
 /// The pids of one `task/TID/children` file, added to `out`.
-pub fn add_children(out: &mut Vec<i32>, text: &str) {
+pub(crate) fn add_children(out: &mut Vec<i32>, text: &str) {
     out.extend(
         text.split_whitespace()
             .filter_map(|p| p.parse::<i32>().ok()),
@@ -57,18 +57,18 @@ pub fn add_children(out: &mut Vec<i32>, text: &str) {
 }
 
 /// Every thread's children, once each, sorted.
-pub fn finish_children(out: &mut Vec<i32>) {
+pub(crate) fn finish_children(out: &mut Vec<i32>) {
     out.sort_unstable();
     out.dedup();
 }
 
 /// The program `pid` runs.
-pub fn exe(pid: i32) -> Option<PathBuf> {
+pub(crate) fn exe(pid: i32) -> Option<PathBuf> {
     std::fs::read_link(path(pid, "exe")).ok()
 }
 
 /// `pid`'s command name.
-pub fn comm(pid: i32) -> Option<String> {
+pub(crate) fn comm(pid: i32) -> Option<String> {
     std::fs::read_to_string(path(pid, "comm"))
         .ok()
         .map(|s| s.trim().to_string())
@@ -85,12 +85,12 @@ fn stat_field(pid: i32, index: usize) -> Option<String> {
 }
 
 /// `pid`'s parent.
-pub fn parent(pid: i32) -> Option<i32> {
+pub(crate) fn parent(pid: i32) -> Option<i32> {
     stat_field(pid, 1)?.parse().ok()
 }
 
 /// Processes whose parent is `ppid` now (those re-parented to a subreaper too).
-pub fn with_parent(ppid: i32) -> Vec<i32> {
+pub(crate) fn with_parent(ppid: i32) -> Vec<i32> {
     pids()
         .into_iter()
         .filter(|&p| parent(p) == Some(ppid))
@@ -110,19 +110,19 @@ fn kib(v: &str) -> Option<i64> {
 }
 
 /// `pid`'s peak RSS (VmHWM) in KiB, with its command name.
-pub fn peak_rss_kib(pid: i32) -> Option<(String, i64)> {
+pub(crate) fn peak_rss_kib(pid: i32) -> Option<(String, i64)> {
     let who = pid.to_string();
     let name = status_line(&who, "Name")?;
     Some((name, kib(&status_line(&who, "VmHWM")?)?))
 }
 
 /// This process's RSS in KiB.
-pub fn own_rss_kib() -> Option<i64> {
+pub(crate) fn own_rss_kib() -> Option<i64> {
     kib(&status_line("self", "VmRSS")?)
 }
 
 /// The CPUs `pid` may run on (its main thread's mask), empty when gone.
-pub fn affinity(pid: i32) -> CpuSet {
+pub(crate) fn affinity(pid: i32) -> CpuSet {
     status_line(&pid.to_string(), "Cpus_allowed_list")
         .and_then(|v| CpuSet::parse_list(&v).ok())
         .unwrap_or_default()
@@ -130,13 +130,13 @@ pub fn affinity(pid: i32) -> CpuSet {
 
 /// `pid`'s environment as it started, NUL-separated `KEY=value` pairs
 /// (entries that are not UTF-8 or have no `=` are left out).
-pub fn environ(pid: i32) -> std::io::Result<BTreeMap<String, String>> {
+pub(crate) fn environ(pid: i32) -> std::io::Result<BTreeMap<String, String>> {
     let raw = std::fs::read(path(pid, "environ"))?;
     Ok(parse_environ(&raw))
 }
 
 /// `KEY=value` pairs of a NUL-separated environment block.
-pub fn parse_environ(raw: &[u8]) -> BTreeMap<String, String> {
+pub(crate) fn parse_environ(raw: &[u8]) -> BTreeMap<String, String> {
     raw.split(|b| *b == 0)
         .filter_map(|kv| {
             let (k, v) = std::str::from_utf8(kv).ok()?.split_once('=')?;

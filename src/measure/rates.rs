@@ -22,7 +22,7 @@
 
 /// What a rate counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// it/s, steps/s, batches/s.
     Steps,
     /// images, samples, examples, sequences, tokens per second.
@@ -31,7 +31,7 @@ pub enum Kind {
 
 /// One rate found in a line.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Rate {
+pub(crate) struct Rate {
     pub value: f64,
     /// Normalised unit: img/s, samples/s, tokens/s, seq/s, examples/s, it/s, steps/s.
     pub unit: &'static str,
@@ -67,7 +67,7 @@ const MAX_UNIT: usize = 32;
 /// The value and unit of a canonical line (rule 6), wherever in the line the
 /// marker stands (after a logger's prefix, say); within `\r` updates, the
 /// last. The unit is one word of at most 32 characters, taken as written.
-pub fn canonical(line: &str) -> Option<(f64, &str)> {
+pub(crate) fn canonical(line: &str) -> Option<(f64, &str)> {
     line.rsplit('\r').find_map(|seg| {
         let at = seg.rfind(CANONICAL)?;
         let rest = &seg[at + CANONICAL.len()..];
@@ -199,7 +199,7 @@ fn unit_after(rest: &str) -> Option<(&'static str, Kind, bool, usize)> {
 }
 
 /// Every rate in one line (without carriage returns), in order.
-pub fn rates_in(line: &str) -> Vec<Rate> {
+pub(crate) fn rates_in(line: &str) -> Vec<Rate> {
     let mut out = vec![];
     let b = line.as_bytes();
     let mut i = 0;
@@ -237,7 +237,7 @@ pub fn rates_in(line: &str) -> Vec<Rate> {
 }
 
 /// The rate a line reports (rules 3-5 within a line): the first of the best kind.
-pub fn line_rate(line: &str) -> Option<Rate> {
+pub(crate) fn line_rate(line: &str) -> Option<Rate> {
     let all: Vec<Rate> = line.split('\r').flat_map(rates_in).collect();
     let best = all.iter().map(|r| r.kind).max()?;
     // Within \r-separated updates the last counts; within one segment the first.

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::rates;
 
 #[derive(Debug, thiserror::Error)]
-pub enum MetricError {
+pub(crate) enum MetricError {
     #[error("--metric {pattern:?} is not a valid regex: {why}")]
     Invalid { pattern: String, why: String },
     #[error("--metric {pattern:?} must have exactly one capture group (it has {groups})")]
@@ -18,7 +18,7 @@ pub enum MetricError {
 
 /// How to read the throughput.
 #[derive(Debug, Clone)]
-pub struct Metric {
+pub(crate) struct Metric {
     /// None: the default rules.
     re: Option<Regex>,
 }
@@ -26,7 +26,7 @@ pub struct Metric {
 /// What a value counts, for choosing among several (work beats steps).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum HitKind {
+pub(crate) enum HitKind {
     /// it/s, steps/s: the last resort.
     Steps,
     /// images, samples, tokens... per second.
@@ -43,7 +43,7 @@ const MAX_HIT_TEXT: usize = 300;
 
 /// Where a throughput value came from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Hit {
+pub(crate) struct Hit {
     pub value: f64,
     /// img/s, samples/s, tokens/s, it/s ... (None for --metric).
     pub unit: Option<String>,
@@ -56,12 +56,12 @@ pub struct Hit {
 
 impl Hit {
     /// Whether this later hit replaces `earlier`: the last of the best kind.
-    pub fn replaces(&self, earlier: &Hit) -> bool {
+    pub(crate) fn replaces(&self, earlier: &Hit) -> bool {
         self.kind >= earlier.kind
     }
 
     /// Keep `self` in `best` if it replaces what is there.
-    pub fn keep_in(self, best: &std::sync::Mutex<Option<Hit>>) {
+    pub(crate) fn keep_in(self, best: &std::sync::Mutex<Option<Hit>>) {
         let mut best = best.lock().unwrap_or_else(|e| e.into_inner());
         if best.as_ref().is_none_or(|b| self.replaces(b)) {
             *best = Some(self);
@@ -86,7 +86,7 @@ fn shown(line: &str) -> String {
 }
 
 impl Metric {
-    pub fn new(pattern: Option<&str>) -> Result<Metric, MetricError> {
+    pub(crate) fn new(pattern: Option<&str>) -> Result<Metric, MetricError> {
         let Some(pattern) = pattern else {
             return Ok(Metric { re: None });
         };
@@ -105,12 +105,12 @@ impl Metric {
     }
 
     /// The user's pattern (`--metric`), None for the default rules.
-    pub fn pattern(&self) -> Option<&str> {
+    pub(crate) fn pattern(&self) -> Option<&str> {
         self.re.as_ref().map(Regex::as_str)
     }
 
     /// The value one line reports, if any.
-    pub fn scan(&self, rank: usize, line: &str) -> Option<Hit> {
+    pub(crate) fn scan(&self, rank: usize, line: &str) -> Option<Hit> {
         let (value, unit, kind) = match &self.re {
             None if line.contains(rates::CANONICAL) => {
                 let (value, unit) = rates::canonical(line)?;
@@ -142,7 +142,7 @@ impl Metric {
     /// The hit these lines (of rank 0) report: the last of the best kind
     /// (what tune's streaming sink keeps, for the tests).
     #[cfg(test)]
-    pub fn last(&self, lines: &[String]) -> Option<Hit> {
+    pub(crate) fn last(&self, lines: &[String]) -> Option<Hit> {
         let mut best: Option<Hit> = None;
         for l in lines {
             if let Some(h) = self.scan(0, l)
@@ -156,7 +156,7 @@ impl Metric {
 
     /// The value of `last`.
     #[cfg(test)]
-    pub fn find(&self, lines: &[String]) -> Option<f64> {
+    pub(crate) fn find(&self, lines: &[String]) -> Option<f64> {
         self.last(lines).map(|h| h.value)
     }
 }

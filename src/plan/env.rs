@@ -9,7 +9,7 @@ use super::{Allocator, AllocatorChoice, AllocatorKind, Facts, PlanError, PlanReq
 use crate::topology::PciDevice;
 
 /// Runtimes' thread-count variables, each set to the rank's thread count.
-pub const THREAD_VARS: &[&str] = &[
+pub(crate) const THREAD_VARS: &[&str] = &[
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
     "OPENBLAS_NUM_THREADS",
@@ -25,10 +25,10 @@ pub const THREAD_VARS: &[&str] = &[
 ];
 
 /// The jemalloc options a plan sets with `allocator=jemalloc`.
-pub const JEMALLOC_CONF: &str = "metadata_thp:auto,dirty_decay_ms:-1,muzzy_decay_ms:-1";
+pub(crate) const JEMALLOC_CONF: &str = "metadata_thp:auto,dirty_decay_ms:-1,muzzy_decay_ms:-1";
 
 /// Pick the allocator the request names among those that exist.
-pub fn choose_allocator(
+pub(super) fn choose_allocator(
     req: &PlanRequest,
     facts: &Facts,
     reasons: &mut Vec<String>,
@@ -69,7 +69,7 @@ pub fn choose_allocator(
 }
 
 /// The variables the plan sets for one rank (the launcher adds the torchrun ones).
-pub fn rank_env(
+pub(super) fn rank_env(
     req: &PlanRequest,
     rank: &RankPlan,
     selected: &[&PciDevice],

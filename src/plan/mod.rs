@@ -14,16 +14,17 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use env::{JEMALLOC_CONF, THREAD_VARS};
-pub use request::{
-    Allocator, AllocatorChoice, AllocatorKind, Amount, GpuSelect, MemPolicy, NProc, PlanRequest,
-    Policy, Profile, Reserve, WaitPolicy,
+pub(crate) use env::{JEMALLOC_CONF, THREAD_VARS};
+pub(crate) use request::{
+    Allocator, AllocatorChoice, AllocatorKind, Amount, MemPolicy, Policy, Profile, Reserve,
+    WaitPolicy,
 };
+pub use request::{GpuSelect, NProc, PlanRequest};
 
 use crate::cpuset::CpuSet;
 use crate::topology::{PciDevice, Topology};
 
-pub const PLAN_SCHEMA: &str = "threadwise.plan/1";
+pub(crate) const PLAN_SCHEMA: &str = "threadwise.plan/1";
 
 /// What the planner needs to know about the host besides the topology.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -11,7 +11,7 @@ use crate::topology::{PciDevice, Topology};
 
 /// A rank's CPUs before sizing.
 #[derive(Debug, Clone)]
-pub struct Slice {
+pub(super) struct Slice {
     pub cpus: CpuSet,
     pub bind: bool,
     /// Physical cores in `cpus`, in placement order.
@@ -39,7 +39,7 @@ pub(super) struct Unit {
 }
 
 /// NUMA nodes whose CPUs meet `cpus`.
-pub fn nodes_of(topo: &Topology, cpus: &CpuSet) -> Vec<usize> {
+pub(super) fn nodes_of(topo: &Topology, cpus: &CpuSet) -> Vec<usize> {
     topo.numa_nodes
         .iter()
         .filter(|n| n.cpus.intersects(cpus))
@@ -470,7 +470,7 @@ fn shared_groups(
 }
 
 /// Place every rank by the request's policy.
-pub fn place(
+pub(super) fn place(
     topo: &Topology,
     req: &PlanRequest,
     gpus: &[Option<&PciDevice>],

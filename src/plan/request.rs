@@ -266,7 +266,7 @@ impl FromStr for GpuSelect {
 }
 
 /// At most this many threads or workers per rank: one per CPU we can read.
-pub const MAX_AMOUNT: usize = crate::cpuset::MAX_CPU;
+pub(super) const MAX_AMOUNT: usize = crate::cpuset::MAX_CPU;
 
 impl Amount {
     /// A worker count as users type it: a number up to MAX_AMOUNT, or auto.

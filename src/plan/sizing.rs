@@ -7,7 +7,7 @@ use super::{Amount, PlanRequest, Profile};
 use crate::cpuset::CpuSet;
 use crate::topology::Topology;
 
-pub struct Size {
+pub(super) struct Size {
     pub threads: usize,
     pub workers: usize,
     pub worker_cpus: CpuSet,
@@ -17,7 +17,7 @@ pub struct Size {
 /// memory (each is a copy of the dataset object) for little throughput.
 const MAX_AUTO_WORKERS: usize = 8;
 
-pub fn size(
+pub(super) fn size(
     topo: &Topology,
     req: &PlanRequest,
     slice: &Slice,

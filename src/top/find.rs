@@ -15,11 +15,11 @@ use super::Target;
 use crate::cpuset::CpuSet;
 use crate::measure::process;
 
-pub const STATE_SCHEMA: &str = "threadwise.run-state/1";
+pub(crate) const STATE_SCHEMA: &str = "threadwise.run-state/1";
 
 /// What a running `threadwise run` tells `top`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunState {
+pub(crate) struct RunState {
     pub schema: String,
     /// The `threadwise run` process.
     pub pid: i32,
@@ -35,7 +35,7 @@ fn uid() -> u32 {
 
 /// Where state files go: `$XDG_RUNTIME_DIR/threadwise` when that directory
 /// exists, else `/tmp/threadwise-UID`.
-pub fn state_dir() -> PathBuf {
+pub(crate) fn state_dir() -> PathBuf {
     match std::env::var_os("XDG_RUNTIME_DIR")
         .filter(|d| Path::new(d).is_absolute() && Path::new(d).is_dir())
     {
@@ -64,7 +64,7 @@ fn own_dir() -> Result<PathBuf, String> {
 }
 
 /// Write the state of run `state.pid`; returns the file to remove at the end.
-pub fn write_state(state: &RunState) -> Result<PathBuf, String> {
+pub(crate) fn write_state(state: &RunState) -> Result<PathBuf, String> {
     let f = own_dir()?.join(format!("run-{}.json", state.pid));
     let text = serde_json::to_string(state).map_err(|e| e.to_string())?;
     crate::files::write_output(&f, text.as_bytes()).map_err(|e| e.to_string())?;
@@ -77,7 +77,7 @@ fn alive(pid: i32) -> bool {
 }
 
 /// The runs whose `threadwise run` is still alive, newest first.
-pub fn live_runs() -> Vec<RunState> {
+pub(crate) fn live_runs() -> Vec<RunState> {
     let Ok(rd) = std::fs::read_dir(state_dir()) else {
         return vec![];
     };
@@ -99,7 +99,7 @@ pub fn live_runs() -> Vec<RunState> {
 }
 
 /// A target from a process's launcher variables, or None when it is no rank.
-pub fn target_from_env(pid: i32, env: &BTreeMap<String, String>) -> Option<Target> {
+pub(crate) fn target_from_env(pid: i32, env: &BTreeMap<String, String>) -> Option<Target> {
     let local = [
         "LOCAL_RANK",
         "SLURM_LOCALID",
@@ -127,7 +127,7 @@ pub fn target_from_env(pid: i32, env: &BTreeMap<String, String>) -> Option<Targe
 /// local-rank variable whose parent is not itself such a rank (DataLoader
 /// workers inherit the variables), and that are not launchers (`srun`,
 /// `torchrun`, `threadwise`).
-pub fn all_ranks() -> Vec<Target> {
+pub(crate) fn all_ranks() -> Vec<Target> {
     let me = std::process::id() as i32;
     let mut found: BTreeMap<i32, Target> = BTreeMap::new();
     for pid in process::pids() {

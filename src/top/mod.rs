@@ -6,10 +6,10 @@
 //! state file `threadwise run` writes, `--pid`, or every launcher-started rank
 //! (`--all`).
 
-pub mod find;
-pub mod watch;
+pub(crate) mod find;
+pub(crate) mod watch;
 
-pub mod ui;
+pub(crate) mod ui;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::cpuset::CpuSet;
 use crate::measure::proc::{self, ProcReader, Process};
 
-pub const TOP_SCHEMA: &str = "threadwise.top/1";
+pub(crate) const TOP_SCHEMA: &str = "threadwise.top/1";
 
 /// A rank to watch, with what it was meant to get.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -41,14 +41,14 @@ pub struct Target {
 
 /// One rank's process tree at one moment.
 #[derive(Debug, Clone, Default)]
-pub struct RankSnap {
+pub(crate) struct RankSnap {
     pub main: Option<Process>,
     pub children: Vec<Process>,
 }
 
 /// Everything at one moment.
 #[derive(Debug, Clone, Default)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// Seconds since the sampler started.
     pub at: f64,
     /// When the threads' context switches were last read (== `at` when this
@@ -60,7 +60,13 @@ pub struct Snapshot {
 
 /// Take a snapshot of every target (NUMA pages too when `numa`, context
 /// switches when `cs`).
-pub fn snapshot(r: &mut ProcReader, targets: &[Target], at: f64, numa: bool, cs: bool) -> Snapshot {
+pub(crate) fn snapshot(
+    r: &mut ProcReader,
+    targets: &[Target],
+    at: f64,
+    numa: bool,
+    cs: bool,
+) -> Snapshot {
     let ranks = targets
         .iter()
         .map(|t| {
@@ -184,7 +190,7 @@ pub struct GpuView {
 
 /// Each rank's GPU from one NVML reading of every GPU; a drift alert when a
 /// rank's processes are on a GPU its plan did not name.
-pub fn gpu_views(
+pub(crate) fn gpu_views(
     targets: &[Target],
     now: &[crate::measure::gpu::GpuNow],
     ranks: &mut [RankView],
@@ -246,9 +252,9 @@ pub struct View {
 
 /// Involuntary switches per second (per rank and its workers) above which
 /// threads are being preempted, not yielding.
-pub const PREEMPTED_PER_S: f64 = 1000.0;
+pub(crate) const PREEMPTED_PER_S: f64 = 1000.0;
 /// Remote pages above this share (with a known memory node) raise an alert.
-pub const REMOTE_PCT: f64 = 20.0;
+pub(crate) const REMOTE_PCT: f64 = 20.0;
 
 fn ticks(p: &Process) -> BTreeMap<i32, (u64, u64, u64, u64)> {
     p.threads
@@ -290,7 +296,7 @@ fn delta(prev: Option<&Process>, cur: &Process) -> (u64, u64, u64, u64, CpuSet) 
 }
 
 /// The view of one interval, from two snapshots of the same targets.
-pub fn view(targets: &[Target], prev: &Snapshot, cur: &Snapshot, hz: f64) -> View {
+pub(crate) fn view(targets: &[Target], prev: &Snapshot, cur: &Snapshot, hz: f64) -> View {
     let dt = (cur.at - prev.at).max(1e-3);
     // Switches are counted over the time between their readings.
     let dt_cs = (cur.cs_at - prev.cs_at).max(1e-3);

@@ -52,7 +52,7 @@ fn cpu_strip<'a>(topo: &Topology, targets: &[Target], v: &View) -> Vec<Line<'a>>
 }
 
 /// Draw one view.
-pub fn draw(f: &mut Frame, topo: &Topology, targets: &[Target], v: &View) {
+pub(crate) fn draw(f: &mut Frame, topo: &Topology, targets: &[Target], v: &View) {
     let strip = cpu_strip(topo, targets, v);
     let areas = Layout::vertical([
         Constraint::Length(1),
@@ -180,7 +180,7 @@ pub fn draw(f: &mut Frame, topo: &Topology, targets: &[Target], v: &View) {
 }
 
 /// Run the view until `q`, Esc, or `done()` (the watched run ended).
-pub fn run(
+pub(crate) fn run(
     topo: &Topology,
     sampler: &mut Sampler,
     interval: Duration,

@@ -15,7 +15,11 @@ use crate::plan::Plan;
 use crate::topology::Topology;
 
 /// Each rank's target from its plan and pid.
-pub fn targets(p: &Plan, pids: &[(usize, i32)], allowed: &crate::cpuset::CpuSet) -> Vec<Target> {
+pub(crate) fn targets(
+    p: &Plan,
+    pids: &[(usize, i32)],
+    allowed: &crate::cpuset::CpuSet,
+) -> Vec<Target> {
     pids.iter()
         .filter_map(|(rank, pid)| {
             let r = p.ranks.get(*rank)?;
@@ -41,7 +45,7 @@ pub fn targets(p: &Plan, pids: &[(usize, i32)], allowed: &crate::cpuset::CpuSet)
 
 /// What `run` keeps to undo at the end: the state file, the view's thread.
 #[derive(Default)]
-pub struct RunWatch {
+pub(crate) struct RunWatch {
     state_file: Mutex<Option<PathBuf>>,
     view: Mutex<Option<JoinHandle<()>>>,
     done: AtomicBool,
@@ -50,7 +54,7 @@ pub struct RunWatch {
 impl RunWatch {
     /// The hook `supervise` calls with the pids: write the state file, and
     /// with `--top` start the view.
-    pub fn hook(
+    pub(crate) fn hook(
         self: &Arc<Self>,
         p: &Plan,
         topo: &Topology,
@@ -87,7 +91,7 @@ impl RunWatch {
     }
 
     /// The run ended: close the view, remove the state file.
-    pub fn finish(&self) {
+    pub(crate) fn finish(&self) {
         self.done.store(true, Ordering::Relaxed);
         if let Some(h) = self.view.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = h.join();
@@ -106,7 +110,7 @@ impl RunWatch {
 /// `run`'s watcher: each round's state file, and with `live` (`run --top`)
 /// the view in place of the ranks' output.
 #[derive(Debug, Clone, Copy)]
-pub struct TopWatcher {
+pub(crate) struct TopWatcher {
     pub live: bool,
 }
 

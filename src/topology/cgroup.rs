@@ -11,7 +11,7 @@ use crate::cpuset::CpuSet;
 
 /// What the cgroups say about this process.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct CgroupLimits {
+pub(crate) struct CgroupLimits {
     pub version: Option<CgroupVersion>,
     pub path: Option<String>,
     pub cpuset: Option<CpuSet>,
@@ -76,7 +76,7 @@ fn membership(root: &Path) -> Vec<(Vec<String>, String)> {
 
 /// The cgroup v2 directory this process is in (below `root`), from
 /// proc/mounts and proc/self/cgroup: where `run` makes its job cgroup.
-pub fn own_v2_dir(root: &Path) -> Result<PathBuf, String> {
+pub(crate) fn own_v2_dir(root: &Path) -> Result<PathBuf, String> {
     let mount = mounts(root)
         .into_iter()
         .find(|m| m.fstype == "cgroup2")
@@ -151,7 +151,7 @@ fn quota_up_v1(dirs: &[PathBuf]) -> Option<f64> {
 }
 
 /// `cpu.max`: "max 100000" (no limit) or "50000 100000".
-pub fn parse_cpu_max(text: &str) -> Option<f64> {
+pub(crate) fn parse_cpu_max(text: &str) -> Option<f64> {
     let mut it = text.split_whitespace();
     let quota = it.next()?;
     let period: f64 = it.next().map_or(Some(100000.0), |p| p.parse().ok())?;
@@ -163,14 +163,14 @@ pub fn parse_cpu_max(text: &str) -> Option<f64> {
 }
 
 /// v1 `cpu.cfs_quota_us` (-1 = no limit) over `cpu.cfs_period_us`.
-pub fn parse_cfs(quota: &str, period: &str) -> Option<f64> {
+pub(crate) fn parse_cfs(quota: &str, period: &str) -> Option<f64> {
     let q: i64 = quota.trim().parse().ok()?;
     let p: i64 = period.trim().parse().ok()?;
     (q > 0 && p > 0).then(|| q as f64 / p as f64)
 }
 
 /// Read the cgroup limits of the process whose `/proc/self` is under `root`.
-pub fn probe(root: &Path) -> CgroupLimits {
+pub(crate) fn probe(root: &Path) -> CgroupLimits {
     let mounts = mounts(root);
     let members = membership(root);
     let old_cpuset_path = read(root, "proc/self/cpuset").map(|s| s.trim().to_string());

@@ -10,13 +10,13 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
 /// A sysfs or procfs file: `/proc/cpuinfo` of a 4096-CPU machine is ~6 MiB.
-pub const MAX_SYSFS_FILE: u64 = 16 << 20;
+pub(crate) const MAX_SYSFS_FILE: u64 = 16 << 20;
 /// An hwloc XML export: a few MiB for the largest machines hwloc ships.
-pub const MAX_XML_FILE: u64 = 64 << 20;
+pub(crate) const MAX_XML_FILE: u64 = 64 << 20;
 
 /// Why a file was not read.
 #[derive(Debug, thiserror::Error)]
-pub enum ReadError {
+pub(crate) enum ReadError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("not a regular file")]
@@ -28,7 +28,7 @@ pub enum ReadError {
 }
 
 /// Read a regular file of at most `max` bytes as text.
-pub fn read_bounded(path: &Path, max: u64) -> Result<String, ReadError> {
+pub(crate) fn read_bounded(path: &Path, max: u64) -> Result<String, ReadError> {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
@@ -47,7 +47,7 @@ pub fn read_bounded(path: &Path, max: u64) -> Result<String, ReadError> {
 
 /// `root` + a path from inside the machine (`/sys/...` or `sys/...`), or None
 /// when it would leave the root (`..`).
-pub fn under(root: &Path, inside: &str) -> Option<PathBuf> {
+pub(crate) fn under(root: &Path, inside: &str) -> Option<PathBuf> {
     let rel = Path::new(inside.trim_start_matches('/'));
     rel.components()
         .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
@@ -55,13 +55,13 @@ pub fn under(root: &Path, inside: &str) -> Option<PathBuf> {
 }
 
 /// A sysfs/procfs file below `root`, bounded; None when absent, odd or too big.
-pub fn read_under(root: &Path, inside: &str) -> Option<String> {
+pub(crate) fn read_under(root: &Path, inside: &str) -> Option<String> {
     read_bounded(&under(root, inside)?, MAX_SYSFS_FILE).ok()
 }
 
 /// `MemTotal` in bytes from `/proc/meminfo` ("MemTotal: 123 kB") or a node's
 /// `meminfo` ("Node 0 MemTotal: 123 kB").
-pub fn mem_total_bytes(meminfo: &str) -> Option<u64> {
+pub(crate) fn mem_total_bytes(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find(|l| l.contains("MemTotal:"))?;
     let kib: u64 = line.split_whitespace().rev().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
@@ -69,7 +69,7 @@ pub fn mem_total_bytes(meminfo: &str) -> Option<u64> {
 
 /// A directory holding `files` (path below it, content): a fake root for tests.
 #[cfg(test)]
-pub fn fake_root(files: &[(&str, &str)]) -> tempfile::TempDir {
+pub(crate) fn fake_root(files: &[(&str, &str)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for (p, s) in files {
         let p = dir.path().join(p);

@@ -113,7 +113,7 @@ fn check_shape(text: &str) -> Result<(), String> {
 }
 
 /// Parse hwloc XML text. `name` is used in messages and the `source` field.
-pub fn parse(text: &str, name: &str) -> Result<Topology, TopologyError> {
+pub(crate) fn parse(text: &str, name: &str) -> Result<Topology, TopologyError> {
     let err = |why: String| TopologyError::Xml {
         path: name.to_string(),
         why,
@@ -283,7 +283,7 @@ fn distances(
 }
 
 /// Read an XML file.
-pub fn load(path: &std::path::Path) -> Result<Topology, TopologyError> {
+pub(crate) fn load(path: &std::path::Path) -> Result<Topology, TopologyError> {
     use super::fsread::{MAX_XML_FILE, ReadError, read_bounded};
     let shown = path.display().to_string();
     let text = read_bounded(path, MAX_XML_FILE).map_err(|e| match e {

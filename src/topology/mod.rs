@@ -2,20 +2,20 @@
 //! an hwloc XML export, a synthetic description) produces and the planner reads.
 //! Nothing here does I/O except through the source modules.
 
-pub mod cgroup;
-pub mod fsread;
-pub mod gpus;
-pub mod hwloc_xml;
-pub mod probe;
-pub mod render;
-pub mod synthetic;
-pub mod sysfs;
+pub(crate) mod cgroup;
+pub(crate) mod fsread;
+pub(crate) mod gpus;
+pub(crate) mod hwloc_xml;
+pub(crate) mod probe;
+pub(crate) mod render;
+pub(crate) mod synthetic;
+pub(crate) mod sysfs;
 
 use serde::{Deserialize, Serialize};
 
 use crate::cpuset::CpuSet;
 
-pub const TOPOLOGY_SCHEMA: &str = "threadwise.topology/1";
+pub(crate) const TOPOLOGY_SCHEMA: &str = "threadwise.topology/1";
 
 /// Errors from reading a topology.
 #[derive(Debug, thiserror::Error)]
@@ -61,13 +61,13 @@ impl TopologyError {
 
 /// At most this many NUMA nodes (Linux's MAX_NUMNODES with NODES_SHIFT=10):
 /// the distance matrix is nodes², so the bound keeps hostile input cheap.
-pub const MAX_NODES: usize = 1024;
+pub(crate) const MAX_NODES: usize = 1024;
 /// At most this many GPUs or NICs (larger than any single machine).
-pub const MAX_DEVICES: usize = 4096;
+pub(crate) const MAX_DEVICES: usize = 4096;
 
 /// The PCI devices placement cares about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PciKind {
+pub(crate) enum PciKind {
     Gpu,
     Nic,
 }
@@ -75,7 +75,7 @@ pub enum PciKind {
 /// NVIDIA and AMD display controllers are GPUs; network controllers and
 /// Mellanox/NVIDIA networking devices (but not their bridges) are NICs.
 /// `class` is sysfs's 24-bit class code (class, subclass, prog-if).
-pub fn classify_pci(vendor: u32, class: u32) -> Option<PciKind> {
+pub(crate) fn classify_pci(vendor: u32, class: u32) -> Option<PciKind> {
     let base = class >> 16;
     if matches!(vendor, 0x10de | 0x1002) && base == 0x03 {
         Some(PciKind::Gpu)

@@ -11,7 +11,7 @@ use super::{Topology, TopologyError, hwloc_xml, synthetic, sysfs};
 
 /// Where a topology comes from.
 #[derive(Debug, Clone, Default)]
-pub enum Source {
+pub(crate) enum Source {
     /// This machine, narrowed to CUDA_VISIBLE_DEVICES.
     #[default]
     Live,
@@ -24,12 +24,12 @@ pub enum Source {
 }
 
 /// Read the topology `source` names, its GPUs narrowed to the job's.
-pub fn topology(source: &Source) -> Result<Topology, TopologyError> {
+pub(crate) fn topology(source: &Source) -> Result<Topology, TopologyError> {
     topology_with(source, NvmlUse::IfNeeded)
 }
 
 /// `topology`, saying when NVML is loaded (`topo` always loads it).
-pub fn topology_with(source: &Source, nvml: NvmlUse) -> Result<Topology, TopologyError> {
+pub(crate) fn topology_with(source: &Source, nvml: NvmlUse) -> Result<Topology, TopologyError> {
     match source {
         Source::Root(root) => {
             let mut t = sysfs::probe(root, false)?;
@@ -60,6 +60,6 @@ fn job_gpus(t: &mut Topology, root: &Path, live: bool, nvml: NvmlUse) -> Result<
 
 /// Inside an srun step: each task gets one CPU unless asked, which the hint of
 /// a plan short of CPUs names.
-pub fn in_srun_step() -> bool {
+pub(crate) fn in_srun_step() -> bool {
     std::env::var_os("SLURM_STEP_ID").is_some()
 }

@@ -178,7 +178,7 @@ fn render_limits(out: &mut String, t: &Topology) {
 }
 
 /// Render the tree.
-pub fn render(t: &Topology) -> String {
+pub(crate) fn render(t: &Topology) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,

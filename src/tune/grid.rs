@@ -16,7 +16,7 @@ use crate::plan::{
 /// this, never at a name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Role {
+pub(crate) enum Role {
     /// Threads unset: what users have without threadwise; every speed-up's base.
     Baseline,
     /// The guides' rows: threads=N without pinning, the seed formulas.
@@ -37,7 +37,7 @@ impl Role {
     /// Among configurations the data cannot tell apart, the one to choose:
     /// the plan, then the fewest changes from it, then what the user asked
     /// for, the guides' rows, and the unset baseline last.
-    pub fn tie_rank(self) -> u8 {
+    pub(crate) fn tie_rank(self) -> u8 {
         match self {
             Role::Plan => 0,
             Role::OneChange => 1,
@@ -54,7 +54,7 @@ impl Role {
 /// `--config` and the default search's rows. Strings only at the edge
 /// (`Change::parse`, `Display`).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Change {
+pub(crate) enum Change {
     /// Leave every thread variable out (and, unless a policy is given, pin nothing).
     ThreadsUnset,
     Threads(Amount),
@@ -69,7 +69,7 @@ pub enum Change {
 
 impl Change {
     /// `key=value` as the user wrote it.
-    pub fn parse(key: &str, value: &str) -> Result<Change, GridError> {
+    pub(crate) fn parse(key: &str, value: &str) -> Result<Change, GridError> {
         let bad = |why: String| GridError::Value {
             key: key.into(),
             value: value.into(),
@@ -94,7 +94,7 @@ impl Change {
     }
 
     /// The key this change sets (one value per key in a combination).
-    pub fn key(&self) -> &'static str {
+    pub(crate) fn key(&self) -> &'static str {
         match self {
             Change::ThreadsUnset | Change::Threads(_) => "threads",
             Change::Workers(_) => "workers",
@@ -140,7 +140,7 @@ impl fmt::Display for Change {
 
 /// `base` with `changes` applied. Threads unset also means no pinning unless
 /// a policy is among the changes (the runtime's default).
-pub fn apply(base: &PlanRequest, changes: &[Change]) -> PlanRequest {
+pub(crate) fn apply(base: &PlanRequest, changes: &[Change]) -> PlanRequest {
     let mut request = base.clone();
     for c in changes {
         c.apply(&mut request);
@@ -156,7 +156,7 @@ pub fn apply(base: &PlanRequest, changes: &[Change]) -> PlanRequest {
 
 /// One complete launch configuration.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TuneConfig {
+pub(crate) struct TuneConfig {
     pub name: String,
     pub role: Role,
     pub request: PlanRequest,
@@ -167,7 +167,7 @@ pub struct TuneConfig {
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum GridError {
+pub(crate) enum GridError {
     #[error(
         "{0:?}: expected key=value (keys: threads, workers, policy, allocator, mem, smt, profile, wait)"
     )]
@@ -204,7 +204,7 @@ fn parse_words(words: &[&str]) -> Result<Vec<Change>, GridError> {
 }
 
 /// A configuration from `key=value` words over a base request.
-pub fn from_words(
+pub(crate) fn from_words(
     name: &str,
     role: Role,
     base: &PlanRequest,
@@ -245,7 +245,7 @@ fn unset(base: &PlanRequest) -> TuneConfig {
 /// row (a coordinate search: these effects are close to independent, and a
 /// full product would be 64+ launches). `threads`/`workers` are the plan's
 /// own per-rank values.
-pub fn defaults(
+pub(crate) fn defaults(
     base: &PlanRequest,
     planned: (usize, usize),
     allocators: &[Allocator],
@@ -319,7 +319,7 @@ pub fn defaults(
 /// The plan with every change that beat it (best first; the first per key
 /// counts), as one more configuration (None when fewer than two keys did:
 /// nothing to combine).
-pub fn combined(base: &PlanRequest, better: &[Change]) -> Option<TuneConfig> {
+pub(crate) fn combined(base: &PlanRequest, better: &[Change]) -> Option<TuneConfig> {
     let mut per_key: Vec<Change> = vec![];
     for c in better {
         if !per_key.iter().any(|p| p.key() == c.key()) {
@@ -339,7 +339,7 @@ pub fn combined(base: &PlanRequest, better: &[Change]) -> Option<TuneConfig> {
 }
 
 /// The cartesian product of `key=v1,v2` items, after the unset baseline.
-pub fn expand(base: &PlanRequest, grid: &[String]) -> Result<Vec<TuneConfig>, GridError> {
+pub(crate) fn expand(base: &PlanRequest, grid: &[String]) -> Result<Vec<TuneConfig>, GridError> {
     let mut axes: Vec<(String, Vec<String>)> = vec![];
     for item in grid.iter().flat_map(|g| g.split_whitespace()) {
         let (k, vs) = item
@@ -375,7 +375,7 @@ pub fn expand(base: &PlanRequest, grid: &[String]) -> Result<Vec<TuneConfig>, Gr
 }
 
 /// `NAME=key=value key=value`.
-pub fn parse_config(base: &PlanRequest, text: &str) -> Result<TuneConfig, GridError> {
+pub(crate) fn parse_config(base: &PlanRequest, text: &str) -> Result<TuneConfig, GridError> {
     let (name, rest) = text
         .split_once('=')
         .ok_or_else(|| GridError::Config(text.into()))?;
@@ -388,7 +388,7 @@ pub fn parse_config(base: &PlanRequest, text: &str) -> Result<TuneConfig, GridEr
 
 /// Refuse two configurations of one name; drop a later one that measures
 /// exactly what an earlier one does (`--grid threads=unset` is the baseline).
-pub fn dedupe(v: Vec<TuneConfig>) -> Result<Vec<TuneConfig>, GridError> {
+pub(crate) fn dedupe(v: Vec<TuneConfig>) -> Result<Vec<TuneConfig>, GridError> {
     let mut out: Vec<TuneConfig> = vec![];
     for c in v {
         if out.iter().any(|d| d.name == c.name) {

@@ -6,27 +6,26 @@
 //! it with a mock), `outcome` (trials into figures), `runner` (the real runner,
 //! launching ranks through `launch`), `export` (report files).
 
-pub mod export;
-pub mod grid;
+pub(crate) mod export;
+pub(crate) mod grid;
 mod model;
 mod outcome;
-pub mod report;
-pub mod runner;
+pub(crate) mod report;
+pub(crate) mod runner;
 mod session;
 #[cfg(test)]
 mod sim;
-pub mod srun;
-pub mod stats;
+pub(crate) mod srun;
+pub(crate) mod stats;
 mod trial;
 
-pub use grid::TuneConfig;
-pub use model::*;
-pub use outcome::finish;
-pub use session::{CLEARLY_WORSE, FIRST_ROUND_CUT, tune};
+pub(crate) use grid::TuneConfig;
+pub(crate) use model::*;
+pub(crate) use session::{CLEARLY_WORSE, FIRST_ROUND_CUT, tune};
 
 /// A close race's budget: up to this many blocks of --runs rounds (the base
 /// rounds are the first), so `--max-runs` defaults to 4 x `--runs`.
-pub const DEFAULT_BLOCKS: usize = 4;
+pub(crate) const DEFAULT_BLOCKS: usize = 4;
 
 #[cfg(test)]
 mod tests;

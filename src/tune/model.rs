@@ -19,15 +19,15 @@ fn default_role() -> Role {
 }
 use crate::launch::supervise::Exit;
 
-pub const TUNE_SCHEMA: &str = "threadwise.tune/1";
+pub(crate) const TUNE_SCHEMA: &str = "threadwise.tune/1";
 
 /// The unit shown before any trial has printed one.
-pub const NO_UNIT_YET: &str = "per s";
+pub(crate) const NO_UNIT_YET: &str = "per s";
 
 /// How one launch of a configuration ended, from the runner to the report
 /// (nextest's `ExecutionResult`): one value, never re-classified later.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub enum TrialEnd {
+pub(crate) enum TrialEnd {
     /// Every rank exited 0.
     #[default]
     Ok,
@@ -48,7 +48,7 @@ pub enum TrialEnd {
 
 impl TrialEnd {
     /// The trial's status, before the metric is looked at.
-    pub fn status(&self) -> TrialStatus {
+    pub(crate) fn status(&self) -> TrialStatus {
         match self {
             TrialEnd::Ok => TrialStatus::Ok,
             TrialEnd::RankFailed { .. } => TrialStatus::Failed,
@@ -59,7 +59,7 @@ impl TrialEnd {
     }
 
     /// What the report says of an unsuccessful end.
-    pub fn message(&self) -> Option<String> {
+    pub(crate) fn message(&self) -> Option<String> {
         match self {
             TrialEnd::Ok | TrialEnd::Interrupted => None,
             TrialEnd::RankFailed {
@@ -75,7 +75,7 @@ impl TrialEnd {
 
 /// What one launch of a configuration produced (from the runner).
 #[derive(Debug, Clone, Default)]
-pub struct TrialOutcome {
+pub(crate) struct TrialOutcome {
     pub end: TrialEnd,
     /// The last throughput the ranks printed (the metric applied as lines arrived).
     pub hit: Option<metric::Hit>,
@@ -102,7 +102,7 @@ pub struct TrialOutcome {
 
 impl TrialOutcome {
     /// An outcome of a trial that could not start.
-    pub fn not_started(why: String) -> TrialOutcome {
+    pub(crate) fn not_started(why: String) -> TrialOutcome {
         TrialOutcome {
             end: TrialEnd::NotStarted(why),
             ..Default::default()
@@ -110,11 +110,11 @@ impl TrialOutcome {
     }
 }
 
-pub use crate::launch::cluster::proto::NodeUsage;
+pub(crate) use crate::launch::cluster::proto::NodeUsage;
 
 /// A node's figures in one trial.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NodeTrial {
+pub(crate) struct NodeTrial {
     pub host: String,
     pub cpu_util_pct: f64,
     pub gpu_util_pct: Option<f64>,
@@ -122,14 +122,14 @@ pub struct NodeTrial {
 
 /// A node's figures over a configuration's trials (medians).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NodeSummary {
+pub(crate) struct NodeSummary {
     pub host: String,
     pub cpu_util_pct: Option<f64>,
     pub gpu_util_pct: Option<f64>,
 }
 
 /// Runs one configuration once, applying `metric` to the output as it streams.
-pub trait TrialRunner {
+pub(crate) trait TrialRunner {
     fn run(&mut self, config: &TuneConfig, metric: &Metric) -> TrialOutcome;
     /// What a configuration launches (environment, CPU and memory placement,
     /// argv of every rank), so that two configurations which launch the same
@@ -141,12 +141,12 @@ pub trait TrialRunner {
 
 /// What a configuration launches, compared whole (`Eq`): every rank's
 /// environment, placement and argv, for a fixed port and run id.
-pub type LaunchKey = Vec<crate::launch::RankLaunch>;
+pub(crate) type LaunchKey = Vec<crate::launch::RankLaunch>;
 
 /// How one trial ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum TrialStatus {
+pub(crate) enum TrialStatus {
     /// Every rank exited 0: the trial is measured.
     Ok,
     /// A rank exited non-zero or was killed.
@@ -162,7 +162,7 @@ pub enum TrialStatus {
 }
 
 impl TrialStatus {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             TrialStatus::Ok => "ok",
             TrialStatus::Failed => "failed",
@@ -183,7 +183,7 @@ impl std::fmt::Display for TrialStatus {
 /// Something the reader of a report must know (hyperfine's `Warnings`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Warning {
+pub(crate) enum Warning {
     /// Tuning stopped early; the report holds what was measured.
     Interrupted { config: String, round: usize },
     /// No throughput in the output: configurations are ranked by 1 / wall time.
@@ -228,7 +228,7 @@ impl std::fmt::Display for Warning {
 /// Where the throughput came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum MetricSource {
+pub(crate) enum MetricSource {
     /// Parsed from the ranks' output (--metric or the default shapes).
     Output,
     /// 1 / wall time, because the output had none.
@@ -237,7 +237,7 @@ pub enum MetricSource {
 
 /// How a configuration compares with the winner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mark {
+pub(crate) enum Mark {
     Winner,
     /// Its range overlaps the winner's: the data cannot tell them apart.
     NotDistinguishable,
@@ -245,7 +245,7 @@ pub enum Mark {
 }
 
 impl Mark {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Mark::Winner => "winner",
             Mark::NotDistinguishable => "not distinguishable",
@@ -256,7 +256,7 @@ impl Mark {
 
 /// One measured trial, as reported.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Trial {
+pub(crate) struct Trial {
     pub round: usize,
     pub status: TrialStatus,
     pub throughput: Option<f64>,
@@ -308,11 +308,11 @@ pub struct Trial {
 /// A trial is disturbed when something outside the job took more than this
 /// share of the CPU budget during it (on this 2-core machine an idle
 /// neighbourhood measures 0-3%).
-pub const DISTURBED: f64 = 0.10;
+pub(crate) const DISTURBED: f64 = 0.10;
 
 /// Two configurations the data cannot tell apart, and which one was chosen.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Tie {
+pub(crate) struct Tie {
     /// The leader and every configuration not distinguishable from it.
     pub configs: Vec<String>,
     /// How the winner was chosen among them.
@@ -321,7 +321,7 @@ pub struct Tie {
 
 /// One configuration's results.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ConfigResult {
+pub(crate) struct ConfigResult {
     pub name: String,
     /// Why it is in the table (baseline, guide, plan, one-change, ...).
     #[serde(default = "default_role")]
@@ -371,7 +371,7 @@ pub struct ConfigResult {
 
 /// The whole report (`--export-json`, schema threadwise.tune/1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TuneReport {
+pub(crate) struct TuneReport {
     pub schema: String,
     pub command: Vec<String>,
     pub nproc: usize,
@@ -408,13 +408,13 @@ pub struct TuneReport {
 
 impl TuneReport {
     /// The index of the configuration a report field names (`baseline`, `winner`).
-    pub fn index_of(&self, name: Option<&String>) -> Option<usize> {
+    pub(crate) fn index_of(&self, name: Option<&String>) -> Option<usize> {
         let name = name?;
         self.configs.iter().position(|c| &c.name == name)
     }
 
     /// How `c` compares with the winner.
-    pub fn mark(&self, c: &ConfigResult) -> Mark {
+    pub(crate) fn mark(&self, c: &ConfigResult) -> Mark {
         if self.winner.as_deref() == Some(c.name.as_str()) {
             Mark::Winner
         } else if c.indistinguishable_from_winner {
@@ -427,7 +427,7 @@ impl TuneReport {
 
 crate::named_enum! {
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub enum Strategy ("a strategy,") {
+    pub(crate) enum Strategy ("a strategy,") {
         /// Halving when there are more than 8 configurations, else all.
         Auto => "auto",
         /// Every configuration every round.
@@ -439,7 +439,7 @@ crate::named_enum! {
 
 /// How to tune.
 #[derive(Debug, Clone)]
-pub struct TuneOptions {
+pub(crate) struct TuneOptions {
     /// With the default search: the plan's request, to combine the axis
     /// values that beat the plan into one more configuration.
     pub combine: Option<crate::plan::PlanRequest>,
@@ -455,7 +455,7 @@ pub struct TuneOptions {
 }
 
 /// Progress events for the caller (progress bar, file rewrites).
-pub enum Event<'a> {
+pub(crate) enum Event<'a> {
     Start {
         total: usize,
     },
@@ -470,7 +470,7 @@ pub enum Event<'a> {
 
 impl ConfigResult {
     /// A configuration with nothing measured yet.
-    pub fn new(name: &str, role: Role, options: String) -> ConfigResult {
+    pub(crate) fn new(name: &str, role: Role, options: String) -> ConfigResult {
         ConfigResult {
             name: name.to_string(),
             role,
@@ -499,7 +499,7 @@ impl ConfigResult {
 }
 
 /// An empty report for a run.
-pub fn new_report(
+pub(crate) fn new_report(
     command: Vec<String>,
     nproc: usize,
     source: String,

@@ -148,7 +148,7 @@ fn median_of(trials: &[Trial], f: impl Fn(&Trial) -> Option<f64>) -> Option<f64>
 }
 
 /// Recompute every summary, the baseline's speed-ups and the winner.
-pub fn finish(report: &mut TuneReport) {
+pub(crate) fn finish(report: &mut TuneReport) {
     for c in &mut report.configs {
         let v: Vec<f64> = c
             .trials
@@ -324,11 +324,11 @@ fn compare(report: &mut TuneReport) {
 }
 
 /// How a tie is decided, as the report says it.
-pub const TIE_RULE: &str =
+pub(super) const TIE_RULE: &str =
     "the plan first, then the fewest changes from it, then the highest speed-up";
 
 /// The machine's speed moved by at least this much before it is reported.
-pub const DRIFT_REPORTED: f64 = 1.2;
+pub(super) const DRIFT_REPORTED: f64 = 1.2;
 
 /// A change in the machine's speed, from every scored trial: its log
 /// throughput less its configuration's mean, in the order the trials ran.

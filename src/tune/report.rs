@@ -203,7 +203,7 @@ fn read_from(r: &TuneReport) -> String {
 /// The table and what to know about it.
 /// Multi-node: CPU % (and GPU %) per node and in total, per configuration
 /// (medians of its trials; each node's CPU % of its own budget).
-pub fn node_table(r: &TuneReport) -> String {
+pub(crate) fn node_table(r: &TuneReport) -> String {
     let gpus = r
         .configs
         .iter()
@@ -247,7 +247,7 @@ pub fn node_table(r: &TuneReport) -> String {
     format!("per node:\n{t}\n")
 }
 
-pub fn render(r: &TuneReport) -> String {
+pub(crate) fn render(r: &TuneReport) -> String {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
     t.set_header([

@@ -18,7 +18,7 @@ use crate::measure::throughput::{Hit, Metric};
 use crate::plan::{Facts, Plan, plan};
 use crate::topology::Topology;
 
-pub struct Runner {
+pub(crate) struct Runner {
     pub topology: Topology,
     pub facts: Facts,
     pub argv: Vec<OsString>,
@@ -30,7 +30,7 @@ pub struct Runner {
 }
 
 impl Runner {
-    pub fn new(
+    pub(crate) fn new(
         topology: Topology,
         facts: Facts,
         argv: Vec<OsString>,

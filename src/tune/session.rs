@@ -16,12 +16,12 @@ use super::{TrialEnd, TuneConfig};
 /// whose trial is below this fraction of the round's best: a factor of two is
 /// more than one trial moved between rounds in any measurement behind the
 /// README (1.5 at most).
-pub const FIRST_ROUND_CUT: f64 = 0.5;
+pub(crate) const FIRST_ROUND_CUT: f64 = 0.5;
 
 /// Halving's second-round cut: a configuration below this fraction of the
 /// leader in every round both ran. One trial's spread here is about 10%, so
 /// two trials of equal configurations differ by up to about 20%.
-pub const CLEARLY_WORSE: f64 = 0.8;
+pub(crate) const CLEARLY_WORSE: f64 = 0.8;
 
 /// After one measured round: configurations (not the baseline, which every
 /// speed-up needs) whose trial is below FIRST_ROUND_CUT of the best trial.
@@ -274,7 +274,7 @@ impl Session<'_> {
 /// shuffled order; then, while the winner and the runner-up cannot be told
 /// apart, blocks of `runs` more rounds of the two and the reference, up to
 /// `max_runs` trials each.
-pub fn tune(
+pub(crate) fn tune(
     configs: &[TuneConfig],
     mut report: TuneReport,
     opts: &TuneOptions,

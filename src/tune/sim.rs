@@ -35,7 +35,7 @@ impl Rng {
 
 /// How the machine's own speed moves over the run.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Drift {
+pub(super) enum Drift {
     Steady,
     /// 1.5x faster or slower from a random trial on (in the middle 80%).
     Step,
@@ -106,7 +106,7 @@ impl TrialRunner for SimRunner {
 }
 
 /// One seeded tune over `configs` (name, true speed, role) on `drift`.
-pub fn scenario(seed: u64, configs: &[(&str, f64, Role)], drift: Drift) -> TuneReport {
+pub(super) fn scenario(seed: u64, configs: &[(&str, f64, Role)], drift: Drift) -> TuneReport {
     let mut rng = Rng(seed);
     let sigma = 0.05 + 0.10 * rng.unit();
     let runs = 5;
@@ -152,7 +152,7 @@ pub fn scenario(seed: u64, configs: &[(&str, f64, Role)], drift: Drift) -> TuneR
 }
 
 /// The share of `seeds` scenarios for which `ok` holds, over the drifts.
-pub fn rate(
+pub(super) fn rate(
     seeds: u64,
     configs: &[(&str, f64, Role)],
     drifts: &[Drift],

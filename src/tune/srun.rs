@@ -30,7 +30,7 @@ const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How trials reach the nodes.
 #[derive(Debug, Clone)]
-pub struct SrunRunner {
+pub(crate) struct SrunRunner {
     pub nnodes: usize,
     pub srun: PathBuf,
     /// This threadwise, as the nodes run it (a shared path, as srun needs).
@@ -47,14 +47,14 @@ pub struct SrunRunner {
 
 /// SLURM_JOB_CPUS_PER_NODE ("8(x2),4"): the smallest count, so one task per
 /// node fits on every node.
-pub fn min_cpus_per_node(s: &str) -> Option<usize> {
+pub(crate) fn min_cpus_per_node(s: &str) -> Option<usize> {
     s.split(',')
         .filter_map(|part| part.split('(').next()?.trim().parse::<usize>().ok())
         .min()
 }
 
 impl SrunRunner {
-    pub fn new(
+    pub(crate) fn new(
         nnodes: usize,
         srun: PathBuf,
         me: PathBuf,
@@ -78,7 +78,13 @@ impl SrunRunner {
 
     /// The srun command line of one trial of `c`, its rendezvous at `port`
     /// of this host.
-    pub fn command(&self, c: &TuneConfig, port: u16, id: &str, metric: &Metric) -> Vec<OsString> {
+    pub(crate) fn command(
+        &self,
+        c: &TuneConfig,
+        port: u16,
+        id: &str,
+        metric: &Metric,
+    ) -> Vec<OsString> {
         let mut req = c.request.clone();
         req.nnodes = self.nnodes;
         let mut v: Vec<OsString> = vec![

@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Summary {
+pub(crate) struct Summary {
     pub median: f64,
     pub min: f64,
     pub max: f64,
@@ -62,7 +62,7 @@ fn median_interval(v: &[f64]) -> (f64, f64) {
 }
 
 /// Median, min, max, MAD and the median's interval; None when there are none.
-pub fn summarize(values: &[f64]) -> Option<Summary> {
+pub(crate) fn summarize(values: &[f64]) -> Option<Summary> {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
     if v.is_empty() {
         return None;
@@ -84,7 +84,7 @@ pub fn summarize(values: &[f64]) -> Option<Summary> {
 
 /// The standard normal quantile (Acklam's rational approximation, relative
 /// error below 1.2e-9).
-pub fn normal_quantile(p: f64) -> f64 {
+pub(crate) fn normal_quantile(p: f64) -> f64 {
     const A: [f64; 6] = [
         -3.969683028665376e1,
         2.209460984245205e2,
@@ -161,7 +161,7 @@ fn t_central(t: f64, df: usize) -> f64 {
 
 /// Student's t quantile (p > 0.5): the closed-form CDF inverted by bisection,
 /// up to 1000 degrees of freedom; the normal quantile beyond.
-pub fn t_quantile(p: f64, df: usize) -> f64 {
+pub(crate) fn t_quantile(p: f64, df: usize) -> f64 {
     if df == 0 {
         return f64::INFINITY;
     }
@@ -191,13 +191,13 @@ pub fn t_quantile(p: f64, df: usize) -> f64 {
 /// `looks` times (after the base rounds and each block of extra rounds), so
 /// that the whole sequence calls two equal configurations different at most
 /// 5% of the time: Bonferroni's 1 - 0.05 / looks.
-pub fn per_look_level(looks: usize) -> f64 {
+pub(crate) fn per_look_level(looks: usize) -> f64 {
     1.0 - 0.05 / looks.max(1) as f64
 }
 
 /// How `a` compares with `b`, round by round.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Paired {
+pub(crate) struct Paired {
     /// a / b in each round both were scored, in round order.
     pub ratios: Vec<f64>,
     /// The median of the ratios.
@@ -212,14 +212,14 @@ pub struct Paired {
 /// What a paired interval says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Faster,
     Slower,
     NotDistinguishable,
 }
 
 impl Paired {
-    pub fn verdict(&self) -> Verdict {
+    pub(crate) fn verdict(&self) -> Verdict {
         if self.low > 1.0 {
             Verdict::Faster
         } else if self.high < 1.0 {
@@ -232,7 +232,7 @@ impl Paired {
 
 /// `a` against `b` over the rounds both have a value for (index = round),
 /// with an interval at two-sided confidence `level`.
-pub fn paired(a: &[Option<f64>], b: &[Option<f64>], level: f64) -> Option<Paired> {
+pub(crate) fn paired(a: &[Option<f64>], b: &[Option<f64>], level: f64) -> Option<Paired> {
     let ratios: Vec<f64> = a
         .iter()
         .zip(b)
@@ -262,11 +262,11 @@ pub fn paired(a: &[Option<f64>], b: &[Option<f64>], level: f64) -> Option<Paired
 }
 
 /// How strong a change point must be to count as drift.
-pub const DRIFT_Z: f64 = 3.5;
+pub(crate) const DRIFT_Z: f64 = 3.5;
 
 /// A change in the machine's speed during the run.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Drift {
+pub(crate) struct Drift {
     /// How far the speed moved: after / before the change (or its inverse), >= 1.
     pub ratio: f64,
     /// The change lies before this trial (in the order trials ran).
@@ -280,7 +280,7 @@ pub struct Drift {
 /// levels. Reported when the levels differ by z >= DRIFT_Z (a steady machine
 /// gets there in about 1% of runs: the simulation tests) and by at least
 /// `min_ratio`.
-pub fn drift(residuals: &[f64], min_ratio: f64) -> Option<Drift> {
+pub(crate) fn drift(residuals: &[f64], min_ratio: f64) -> Option<Drift> {
     let n = residuals.len();
     if n < 6 {
         return None;
@@ -309,7 +309,7 @@ pub fn drift(residuals: &[f64], min_ratio: f64) -> Option<Drift> {
 
 /// Whether `x` lies further than 3 scaled MADs (1.4826 MAD estimates the
 /// standard deviation) from the median; never with fewer than 4 trials.
-pub fn is_outlier(s: &Summary, x: f64) -> bool {
+pub(crate) fn is_outlier(s: &Summary, x: f64) -> bool {
     s.n >= 4 && s.mad > 0.0 && (x - s.median).abs() > 3.0 * 1.4826 * s.mad
 }
 

@@ -12,7 +12,7 @@ use crate::measure::throughput::Hit;
 
 /// What a trial's processes used.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Used {
+pub(crate) struct Used {
     pub cpu: Duration,
     pub voluntary_cs: i64,
     pub involuntary_cs: i64,
@@ -21,7 +21,7 @@ pub struct Used {
 
 impl Used {
     /// The ranks supervised here (and their waited-for children).
-    pub fn of_ranks(o: &Outcome) -> Used {
+    pub(crate) fn of_ranks(o: &Outcome) -> Used {
         Used {
             cpu: o.results.iter().map(|r| r.cpu).sum(),
             voluntary_cs: o.results.iter().map(|r| r.voluntary_cs).sum(),
@@ -31,7 +31,7 @@ impl Used {
     }
 
     /// Every node's ranks, as the nodes reported them.
-    pub fn of_nodes(nodes: &[NodeUsage]) -> Used {
+    pub(crate) fn of_nodes(nodes: &[NodeUsage]) -> Used {
         Used {
             cpu: Duration::from_secs_f64(nodes.iter().map(|n| n.cpu_s).sum()),
             voluntary_cs: nodes.iter().map(|n| n.voluntary_cs).sum(),
@@ -42,7 +42,7 @@ impl Used {
 }
 
 /// How the trial ended: a signal, the timeout, the first failing process, or well.
-pub fn end_of(o: &Outcome) -> TrialEnd {
+pub(super) fn end_of(o: &Outcome) -> TrialEnd {
     if o.signal.is_some() {
         TrialEnd::Interrupted
     } else if o.timed_out {
@@ -76,7 +76,7 @@ fn tail_of(o: &Outcome) -> Vec<String> {
 impl TrialOutcome {
     /// A trial that ran: its end, throughput, use and stderr tail; no GPU
     /// figures, no outside load, no nodes (the runner adds those it has).
-    pub fn of(o: &Outcome, hit: Option<Hit>, used: Used) -> TrialOutcome {
+    pub(crate) fn of(o: &Outcome, hit: Option<Hit>, used: Used) -> TrialOutcome {
         TrialOutcome {
             end: end_of(o),
             hit,

@@ -67,7 +67,7 @@ fn topo_inside(procs: &[PathBuf]) -> Value {
 
 fn online() -> usize {
     let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
-    threadwise::cpuset::CpuSet::parse_list(&text).unwrap().len()
+    threadwise::CpuSet::parse_list(&text).unwrap().len()
 }
 
 #[test]

@@ -233,9 +233,7 @@ fn taskset_lines_run_for_real() {
         .unwrap();
     let got = String::from_utf8_lossy(&run.stdout);
     let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
-    let n = threadwise::cpuset::CpuSet::parse_list(&online)
-        .unwrap()
-        .len();
+    let n = threadwise::CpuSet::parse_list(&online).unwrap().len();
     assert!(
         got.contains(&format!("Cpus_allowed_list:\t0-{}", n - 1)) || n == 1,
         "{line}\n{got}"

@@ -526,7 +526,7 @@ fn main() {
         );
         println!(
             "{}{:.1} samples/s",
-            threadwise::measure::rates::CANONICAL,
+            threadwise::THROUGHPUT_LINE,
             samples / elapsed
         );
     }

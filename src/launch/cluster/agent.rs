@@ -21,7 +21,7 @@ use crate::launch::supervise::{LocalFailure, Peer};
 
 /// What every node of a job gives alike (but `node_rank` and `nproc`).
 #[derive(Debug, Clone)]
-pub struct AgentConfig {
+pub(crate) struct AgentConfig {
     /// HOST:PORT of the rendezvous.
     pub endpoint: String,
     pub nnodes: usize,
@@ -169,7 +169,7 @@ fn coordinator(cfg: &AgentConfig) -> Coordinator {
 /// How a round's ranks ended on this node: their exit code, and the node's
 /// report when one was asked for.
 #[derive(Debug, Clone, PartialEq)]
-pub struct RoundEnd {
+pub(crate) struct RoundEnd {
     pub code: i32,
     pub report: Option<Report>,
 }
@@ -182,7 +182,7 @@ impl From<i32> for RoundEnd {
 
 /// Join the job and run its rounds: `round` starts and supervises this
 /// node's ranks for a `Start` and says how they ended.
-pub fn run(
+pub(crate) fn run(
     cfg: &AgentConfig,
     round: impl FnMut(&Start, Arc<dyn Peer>) -> RoundEnd,
 ) -> Result<JobEnd, ClusterError> {

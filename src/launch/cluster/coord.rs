@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::proto::{Failure, Hello, Report, Start, ToAgent};
 
 /// A connection's id, given by the server.
-pub type Conn = usize;
+pub(crate) type Conn = usize;
 
 /// A node that joined the job.
 #[derive(Debug, Clone)]
@@ -39,7 +39,7 @@ enum Phase {
 
 /// What the rendezvous host knows.
 #[derive(Debug)]
-pub struct Coordinator {
+pub(crate) struct Coordinator {
     nnodes: usize,
     run_id: String,
     max_restarts: u32,
@@ -55,14 +55,14 @@ pub struct Coordinator {
 
 /// A message for one connection; `close` after sending it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Out {
+pub(crate) struct Out {
     pub conn: Conn,
     pub msg: ToAgent,
     pub close: bool,
 }
 
 impl Coordinator {
-    pub fn new(
+    pub(crate) fn new(
         nnodes: usize,
         run_id: &str,
         max_restarts: u32,
@@ -86,7 +86,7 @@ impl Coordinator {
     }
 
     /// A node's report of a round (kept by node rank; an earlier round's are dropped).
-    pub fn report(&mut self, conn: Conn, round: u32, report: Report) {
+    pub(crate) fn report(&mut self, conn: Conn, round: u32, report: Report) {
         let Some(i) = self.index(conn) else {
             return;
         };
@@ -101,17 +101,17 @@ impl Coordinator {
     }
 
     /// The latest round's reports, by node rank.
-    pub fn reports(&self) -> Vec<Report> {
+    pub(crate) fn reports(&self) -> Vec<Report> {
         self.reports.iter().map(|(_, r)| r.clone()).collect()
     }
 
     /// The job is over: every node was told how it ended.
-    pub fn over(&self) -> bool {
+    pub(crate) fn over(&self) -> bool {
         self.phase == Phase::Over
     }
 
     /// The live connections (for heartbeats).
-    pub fn live(&self) -> Vec<Conn> {
+    pub(crate) fn live(&self) -> Vec<Conn> {
         self.nodes
             .iter()
             .filter(|n| !n.lost)
@@ -128,7 +128,7 @@ impl Coordinator {
     }
 
     /// A node said hello from `addr`.
-    pub fn join(&mut self, conn: Conn, hello: Hello, addr: &str, now: Instant) -> Vec<Out> {
+    pub(crate) fn join(&mut self, conn: Conn, hello: Hello, addr: &str, now: Instant) -> Vec<Out> {
         if !matches!(self.phase, Phase::Joining { .. }) {
             return Self::refuse(
                 conn,
@@ -245,14 +245,14 @@ impl Coordinator {
     }
 
     /// Any message from `conn` shows it is alive.
-    pub fn seen(&mut self, conn: Conn, now: Instant) {
+    pub(crate) fn seen(&mut self, conn: Conn, now: Instant) {
         if let Some(i) = self.index(conn) {
             self.nodes[i].last_seen = now;
         }
     }
 
     /// The first failure of a round stops it on every other node.
-    pub fn failed(&mut self, conn: Conn, f: Failure) -> Vec<Out> {
+    pub(crate) fn failed(&mut self, conn: Conn, f: Failure) -> Vec<Out> {
         if self.phase != Phase::Running || f.round != self.round {
             return vec![];
         }
@@ -272,7 +272,7 @@ impl Coordinator {
     }
 
     /// A node's ranks all ended in `round`; `port` is free on it for the next.
-    pub fn ended(&mut self, conn: Conn, round: u32, code: i32, port: u16) -> Vec<Out> {
+    pub(crate) fn ended(&mut self, conn: Conn, round: u32, code: i32, port: u16) -> Vec<Out> {
         let Some(i) = self.index(conn) else {
             return vec![];
         };
@@ -301,7 +301,7 @@ impl Coordinator {
     }
 
     /// A node is gone: its connection closed or it went silent.
-    pub fn lost(&mut self, conn: Conn, why: &str) -> Vec<Out> {
+    pub(crate) fn lost(&mut self, conn: Conn, why: &str) -> Vec<Out> {
         let Some(i) = self.index(conn) else {
             return vec![];
         };
@@ -369,7 +369,7 @@ impl Coordinator {
 
     /// Time passed: nodes silent too long are lost; a rendezvous that waited
     /// too long ends.
-    pub fn tick(&mut self, now: Instant) -> Vec<Out> {
+    pub(crate) fn tick(&mut self, now: Instant) -> Vec<Out> {
         if let Phase::Joining { since } = self.phase {
             if now.duration_since(since) >= self.join_timeout {
                 let joined: Vec<String> = self.nodes.iter().map(|n| n.hello.host.clone()).collect();

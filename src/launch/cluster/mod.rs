@@ -13,24 +13,24 @@
 //! (`--max-restarts`) and end. A node silent for the heartbeat timeout is
 //! lost and ends the job on every other node, naming it.
 
-pub mod agent;
-pub mod coord;
-pub mod netif;
-pub mod proto;
+pub(crate) mod agent;
+pub(crate) mod coord;
+pub(crate) mod netif;
+pub(crate) mod proto;
 pub(crate) mod rounds;
 mod server;
 pub(crate) mod state;
 #[cfg(test)]
 mod tests;
 
-pub use agent::{AgentConfig, RoundEnd, run};
-pub use proto::Start;
-pub use server::Hosted;
+pub(crate) use agent::{AgentConfig, RoundEnd, run};
+pub(crate) use proto::Start;
+pub(crate) use server::Hosted;
 
 /// Host a rendezvous on `listener` without taking part (`tune --nnodes`
 /// hosts each trial's, to hear the nodes' reports): no restarts, MASTER_PORT
 /// from node 0.
-pub fn host(
+pub(crate) fn host(
     listener: std::net::TcpListener,
     nnodes: usize,
     run_id: &str,
@@ -51,18 +51,16 @@ pub fn host(
 
 /// How a multi-node job ended for this node.
 #[derive(Debug, Clone)]
-pub struct JobEnd {
+pub(crate) struct JobEnd {
     /// The job's exit code: 0, or the first failing rank's own.
     pub code: i32,
     /// The root cause, when it failed: host, rank, pid, signal or code.
     pub cause: Option<String>,
-    /// This node's last round.
-    pub start: Option<Start>,
 }
 
 /// What stops a node from taking part.
 #[derive(Debug, thiserror::Error)]
-pub enum ClusterError {
+pub(crate) enum ClusterError {
     #[error("cannot resolve the rendezvous endpoint {0}: {1}")]
     Resolve(String, String),
     #[error("the rendezvous host {endpoint} did not answer in {secs} s: {why}")]
@@ -85,7 +83,7 @@ pub enum ClusterError {
 
 impl ClusterError {
     /// 3 when the job never formed, 1 when a node was lost, 128+N for a signal.
-    pub fn code(&self) -> i32 {
+    pub(crate) fn code(&self) -> i32 {
         match self {
             ClusterError::Lost(_) => 1,
             ClusterError::Signal(s) => 128 + s,
@@ -93,7 +91,7 @@ impl ClusterError {
         }
     }
 
-    pub fn hint(&self) -> String {
+    pub(crate) fn hint(&self) -> String {
         match self {
             ClusterError::Resolve(..) => {
                 "give every node an endpoint it can resolve (a host name in /etc/hosts or DNS, or an address)".into()

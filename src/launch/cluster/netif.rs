@@ -7,10 +7,10 @@
 use std::net::{IpAddr, ToSocketAddrs, UdpSocket};
 
 /// The variables that name the interface for collectives.
-pub const IFNAME_VARS: [&str; 2] = ["GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"];
+pub(crate) const IFNAME_VARS: [&str; 2] = ["GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"];
 
 /// Every interface address of this network namespace: (name, address).
-pub fn addresses() -> Vec<(String, IpAddr)> {
+pub(crate) fn addresses() -> Vec<(String, IpAddr)> {
     let mut out = vec![];
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills a list we free below.
@@ -53,7 +53,7 @@ pub fn addresses() -> Vec<(String, IpAddr)> {
 }
 
 /// The interface (and our address on it) through which `host` is reached.
-pub fn route_to(host: &str) -> Option<(String, IpAddr)> {
+pub(crate) fn route_to(host: &str) -> Option<(String, IpAddr)> {
     let target = (host, 9).to_socket_addrs().ok()?.next()?;
     let bind = if target.is_ipv4() {
         "0.0.0.0:0"
@@ -72,7 +72,11 @@ pub fn route_to(host: &str) -> Option<(String, IpAddr)> {
 /// What to do about one IFNAME variable, given the interface that routes to
 /// the rendezvous (`want`) and the user's value (`theirs`): Ok(Some(value))
 /// to set it, Ok(None) to leave it, Err(warning) for a mismatch.
-pub fn decide(var: &str, want: &str, theirs: Option<&str>) -> Result<Option<String>, String> {
+pub(crate) fn decide(
+    var: &str,
+    want: &str,
+    theirs: Option<&str>,
+) -> Result<Option<String>, String> {
     match theirs {
         None => Ok(Some(want.to_string())),
         // gloo and NCCL take a comma list; NCCL a ^/= prefixed one too.

@@ -9,11 +9,11 @@ use serde::{Deserialize, Serialize};
 use crate::measure::throughput::Hit;
 
 /// The protocol's name and version, in every hello.
-pub const PROTOCOL: &str = "threadwise.rdzv/1";
+pub(crate) const PROTOCOL: &str = "threadwise.rdzv/1";
 
 /// A node asking to join.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Hello {
+pub(crate) struct Hello {
     pub host: String,
     /// Ranks it runs.
     pub nproc: usize,
@@ -29,7 +29,7 @@ pub struct Hello {
 
 /// How a node's part of a round went wrong.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Failure {
+pub(crate) struct Failure {
     pub round: u32,
     /// The root-cause line: host, rank, pid, signal or code.
     pub cause: String,
@@ -41,7 +41,7 @@ pub struct Failure {
 
 /// Where a node stands in a round.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Start {
+pub(crate) struct Start {
     pub round: u32,
     pub node_rank: usize,
     pub nnodes: usize,
@@ -57,7 +57,7 @@ pub struct Start {
 /// One node's part of a multi-node trial, as its agent reported it
 /// (`threadwise run --report-node`, in its `Report`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NodeUsage {
+pub(crate) struct NodeUsage {
     pub host: String,
     pub node_rank: usize,
     pub ranks: usize,
@@ -75,14 +75,14 @@ pub struct NodeUsage {
 
 impl NodeUsage {
     /// CPU % of the node's budget.
-    pub fn cpu_util_pct(&self) -> f64 {
+    pub(crate) fn cpu_util_pct(&self) -> f64 {
         100.0 * self.cpu_s / (self.wall_s.max(1e-9) * self.cpu_budget.max(1e-9))
     }
 }
 
 /// What a node reports of a round for `tune --nnodes` (`run --report-node`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Report {
+pub(crate) struct Report {
     pub usage: NodeUsage,
     /// The throughput global rank 0 printed, on the node that ran it.
     pub hit: Option<Hit>,
@@ -91,7 +91,7 @@ pub struct Report {
 /// Node to rendezvous host.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
-pub enum ToHost {
+pub(crate) enum ToHost {
     Hello {
         protocol: String,
         hello: Hello,
@@ -114,7 +114,7 @@ pub enum ToHost {
 /// Rendezvous host to node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
-pub enum ToAgent {
+pub(crate) enum ToAgent {
     Start(Start),
     Beat,
     /// Stop this round's ranks: the job failed elsewhere.
@@ -138,7 +138,7 @@ pub enum ToAgent {
 }
 
 /// Write one message as a line.
-pub fn send<T: Serialize>(w: &mut impl Write, msg: &T) -> std::io::Result<()> {
+pub(crate) fn send<T: Serialize>(w: &mut impl Write, msg: &T) -> std::io::Result<()> {
     let mut line = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
     line.push(b'\n');
     w.write_all(&line)?;
@@ -147,7 +147,9 @@ pub fn send<T: Serialize>(w: &mut impl Write, msg: &T) -> std::io::Result<()> {
 
 /// Read one message; None at the end of the stream. Lines over 64 KiB are
 /// refused (nothing we send is near that).
-pub fn recv<T: for<'de> Deserialize<'de>>(r: &mut impl BufRead) -> std::io::Result<Option<T>> {
+pub(crate) fn recv<T: for<'de> Deserialize<'de>>(
+    r: &mut impl BufRead,
+) -> std::io::Result<Option<T>> {
     let mut line = Vec::new();
     let n = std::io::Read::take(&mut *r, 64 * 1024).read_until(b'\n', &mut line)?;
     if n == 0 {

@@ -22,10 +22,10 @@ enum Ev {
 }
 
 /// How often the host beats, and checks its nodes.
-pub const BEAT: Duration = Duration::from_secs(1);
+pub(super) const BEAT: Duration = Duration::from_secs(1);
 
 /// A rendezvous being hosted: its threads, joined by `finish`.
-pub struct Hosted {
+pub(crate) struct Hosted {
     tx: Sender<Ev>,
     host: JoinHandle<Coordinator>,
     accept: JoinHandle<()>,
@@ -33,13 +33,13 @@ pub struct Hosted {
 
 impl Hosted {
     /// The job is over and every node was told.
-    pub fn is_finished(&self) -> bool {
+    pub(crate) fn is_finished(&self) -> bool {
         self.host.is_finished()
     }
 
     /// Stop serving (at once, if the job is not over yet), join every thread
     /// and give back what the coordinator knew.
-    pub fn finish(self) -> Coordinator {
+    pub(crate) fn finish(self) -> Coordinator {
         let _ = self.tx.send(Ev::Shutdown);
         let coord = self
             .host
@@ -65,7 +65,7 @@ fn wake_addr(listener: &TcpListener) -> std::io::Result<SocketAddr> {
 
 /// Start serving on `listener`; the host thread ends once the job is over
 /// (or `Hosted::finish`), and wakes the accepting thread to end it too.
-pub fn start(listener: TcpListener, coord: Coordinator) -> std::io::Result<Hosted> {
+pub(super) fn start(listener: TcpListener, coord: Coordinator) -> std::io::Result<Hosted> {
     let (tx, rx) = mpsc::channel();
     let wake = wake_addr(&listener)?;
     let accept_tx = tx.clone();

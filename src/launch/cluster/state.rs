@@ -13,7 +13,7 @@ use crate::launch::supervise::LocalFailure;
 
 /// What happens to the agent.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Event {
+pub(crate) enum Event {
     /// The rendezvous host said this.
     Msg(ToAgent),
     /// Its connection closed or failed (why).
@@ -35,7 +35,7 @@ pub enum Event {
 
 /// What the agent does.
 #[derive(Debug)]
-pub enum Action {
+pub(crate) enum Action {
     Send(ToHost),
     /// Start this node's ranks for the round and supervise them.
     Start(Start),
@@ -45,7 +45,7 @@ pub enum Action {
 
 /// What one node's agent knows.
 #[derive(Debug)]
-pub struct AgentState {
+pub(crate) struct AgentState {
     host: String,
     endpoint: String,
     heartbeat_timeout: Duration,
@@ -55,8 +55,6 @@ pub struct AgentState {
     last_heard: Instant,
     /// The round under way (from its Start until its ranks ended).
     running: Option<Start>,
-    /// The last round whose ranks ended here.
-    last: Option<Start>,
     /// The latest round we heard of (a stop names it).
     round: u32,
     rank_offset: usize,
@@ -74,7 +72,7 @@ impl AgentState {
     /// An agent that has said hello at `now`; the rendezvous itself ends at
     /// its own timeout (`join_timeout`), a little more covers a host that
     /// never answers. Later waits are bounded by the heartbeat.
-    pub fn new(
+    pub(crate) fn new(
         host: &str,
         endpoint: &str,
         join_timeout: Duration,
@@ -90,7 +88,6 @@ impl AgentState {
             join_wait,
             last_heard: now,
             running: None,
-            last: None,
             round: 0,
             rank_offset: 0,
             stop: false,
@@ -101,13 +98,13 @@ impl AgentState {
     }
 
     /// The node's part is over; later events change nothing.
-    pub fn done(&self) -> bool {
+    pub(crate) fn done(&self) -> bool {
         self.done
     }
 
     /// Must the ranks of the round under way stop? (The supervisor polls
     /// this; silence from the host counts from here too.)
-    pub fn stop_requested(&mut self, now: Instant) -> bool {
+    pub(crate) fn stop_requested(&mut self, now: Instant) -> bool {
         self.check_silence(now);
         self.stop
     }
@@ -147,7 +144,7 @@ impl AgentState {
         }
     }
 
-    pub fn on(&mut self, ev: Event, now: Instant) -> Vec<Action> {
+    pub(crate) fn on(&mut self, ev: Event, now: Instant) -> Vec<Action> {
         if self.done {
             return vec![];
         }
@@ -202,10 +199,7 @@ impl AgentState {
                 self.running = Some(st.clone());
                 vec![Action::Start(st)]
             }
-            ToAgent::End { code, cause } => {
-                let start = self.running.clone().or_else(|| self.last.clone());
-                self.finish(Ok(JobEnd { code, cause, start }))
-            }
+            ToAgent::End { code, cause } => self.finish(Ok(JobEnd { code, cause })),
             ToAgent::Refused { why } => self.finish(Err(ClusterError::Refused(why))),
             ToAgent::Incomplete { why } => self.finish(Err(ClusterError::Incomplete(why))),
         }
@@ -265,9 +259,8 @@ impl AgentState {
             Some(f) if !f.restartable => out.extend(self.finish(Ok(JobEnd {
                 code: f.code,
                 cause: Some(f.cause),
-                start: Some(st),
             }))),
-            _ => self.last = Some(st),
+            _ => {}
         }
         out
     }
@@ -352,10 +345,7 @@ mod tests {
         let Some(Ok(end)) = finished(&out) else {
             panic!("{out:?}")
         };
-        assert_eq!(
-            (end.code, end.start.as_ref().map(|s| s.round)),
-            (0, Some(0))
-        );
+        assert_eq!((end.code, end.cause.as_deref()), (0, None));
         assert!(a.done());
         assert!(a.on(Event::Tick, t0 + Duration::from_secs(99)).is_empty());
     }

@@ -9,7 +9,7 @@ use super::{DriverGpu, ENV_VARS, GpuEvidence, NodeState, NvmlUse};
 use crate::topology::fsread;
 
 /// The `information` file's `Key:  value` lines.
-pub fn parse_information(text: &str) -> DriverGpu {
+pub(crate) fn parse_information(text: &str) -> DriverGpu {
     let mut d = DriverGpu::default();
     for line in text.lines() {
         let Some((k, v)) = line.split_once(':') else {
@@ -86,7 +86,7 @@ fn job_env(root: &Path, live: bool) -> (BTreeMap<String, String>, String) {
 }
 
 /// Read the evidence below `root`.
-pub fn gather(root: &Path, live: bool, nvml: NvmlUse) -> GpuEvidence {
+pub(crate) fn gather(root: &Path, live: bool, nvml: NvmlUse) -> GpuEvidence {
     let mut ev = GpuEvidence::default();
     let driver_dir = root.join("proc/driver/nvidia/gpus");
     if driver_dir.is_dir() {
@@ -160,7 +160,6 @@ pub fn gather(root: &Path, live: bool, nvml: NvmlUse) -> GpuEvidence {
         && match nvml {
             NvmlUse::Always => true,
             NvmlUse::IfNeeded => needed,
-            NvmlUse::Never => false,
         };
     if consult {
         ev.nvml = Some(crate::nvml::open().and_then(|n| crate::nvml::inventory(&n)));

@@ -48,7 +48,7 @@ pub struct HiddenGpu {
 
 /// A device node, as far as the job can tell.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NodeState {
+pub(crate) enum NodeState {
     /// Opened (a live device node the job may use).
     Opened,
     /// A file in a dump, or a node whose driver did not answer (no driver):
@@ -60,7 +60,7 @@ pub enum NodeState {
 
 /// One GPU in `/proc/driver/nvidia/gpus/<bus id>/information`.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct DriverGpu {
+pub(crate) struct DriverGpu {
     pub minor: Option<u32>,
     pub uuid: Option<String>,
     pub model: Option<String>,
@@ -68,7 +68,7 @@ pub struct DriverGpu {
 
 /// Everything `decide` looks at.
 #[derive(Debug, Clone, Default)]
-pub struct GpuEvidence {
+pub(crate) struct GpuEvidence {
     /// `/proc/driver/nvidia/gpus`, by bus id; None when there is no such
     /// directory (no NVIDIA driver, or a dump without it).
     pub nvidia_driver: Option<BTreeMap<String, DriverGpu>>,
@@ -90,7 +90,7 @@ pub struct GpuEvidence {
 }
 
 /// The variables that bear on which GPUs a job has.
-pub const ENV_VARS: [&str; 7] = [
+pub(crate) const ENV_VARS: [&str; 7] = [
     "CUDA_VISIBLE_DEVICES",
     "CUDA_DEVICE_ORDER",
     "NVIDIA_VISIBLE_DEVICES",
@@ -102,14 +102,13 @@ pub const ENV_VARS: [&str; 7] = [
 
 /// When to load NVML while gathering.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NvmlUse {
+pub(crate) enum NvmlUse {
     /// `topo`: always (it is the command that shows everything).
     Always,
     /// Planning: only when the files cannot answer (UUIDs to resolve, MIG,
     /// device nodes with no driver table): NVML's start-up costs up to seconds
     /// when persistence mode is off, once per `bind`.
     IfNeeded,
-    Never,
 }
 
 mod gather;
@@ -117,12 +116,12 @@ mod stages;
 #[cfg(test)]
 mod tests;
 
-pub use gather::{gather, parse_information};
+pub(crate) use gather::gather;
 use stages::Decision;
 
 /// Decide the job's GPUs from the machine's (`bus`, PCI order, `index` set).
 /// Returns them in the order the job numbers them (cuda:0 first).
-pub fn decide(
+pub(crate) fn decide(
     bus: &[PciDevice],
     ev: &GpuEvidence,
 ) -> Result<(Vec<PciDevice>, GpuAccess), TopologyError> {

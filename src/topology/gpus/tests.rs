@@ -1,5 +1,6 @@
 //! `decide` on made-up buses and evidence.
 
+use super::gather::parse_information;
 use super::*;
 
 fn bus(n: usize, amd: bool) -> Vec<PciDevice> {

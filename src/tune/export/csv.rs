@@ -3,7 +3,7 @@
 use crate::export::{ExportError, Exporter};
 use crate::tune::{Mark, TuneReport};
 
-pub struct Csv;
+pub(super) struct Csv;
 
 fn opt(v: Option<f64>) -> String {
     v.map_or_else(String::new, |x| format!("{x:.4}"))

@@ -3,7 +3,7 @@
 use crate::export::{ExportError, Exporter};
 use crate::tune::TuneReport;
 
-pub struct Json;
+pub(super) struct Json;
 
 impl Exporter<TuneReport> for Json {
     fn render(&self, r: &TuneReport, _: &()) -> Result<String, ExportError> {

@@ -3,7 +3,7 @@
 use crate::export::{ExportError, Exporter};
 use crate::tune::{Mark, TuneReport, report};
 
-pub struct Markdown;
+pub(super) struct Markdown;
 
 /// A table cell: `|` would end the cell and a newline the row.
 fn cell(s: &str) -> String {

@@ -15,7 +15,7 @@ use crate::export::{ExportError, Exporter};
 
 /// The report formats, each with its `--export-FORMAT` option.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReportFormat {
+pub(crate) enum ReportFormat {
     Json,
     Csv,
     Markdown,
@@ -23,24 +23,15 @@ pub enum ReportFormat {
 }
 
 impl ReportFormat {
-    pub const ALL: [ReportFormat; 4] = [
+    pub(crate) const ALL: [ReportFormat; 4] = [
         ReportFormat::Json,
         ReportFormat::Csv,
         ReportFormat::Markdown,
         ReportFormat::Svg,
     ];
 
-    pub fn name(self) -> &'static str {
-        match self {
-            ReportFormat::Json => "json",
-            ReportFormat::Csv => "csv",
-            ReportFormat::Markdown => "markdown",
-            ReportFormat::Svg => "svg",
-        }
-    }
-
     /// The registry: one exporter per format.
-    pub fn exporter(self) -> &'static dyn Exporter<TuneReport> {
+    pub(crate) fn exporter(self) -> &'static dyn Exporter<TuneReport> {
         match self {
             ReportFormat::Json => &json::Json,
             ReportFormat::Csv => &csv::Csv,
@@ -53,10 +44,10 @@ impl ReportFormat {
 /// The report files a tune writes, and the one place that rewrites them:
 /// whole, after every trial (atomically for a regular file).
 #[derive(Debug, Clone, Default)]
-pub struct ReportFiles(pub Vec<(ReportFormat, PathBuf)>);
+pub(crate) struct ReportFiles(pub Vec<(ReportFormat, PathBuf)>);
 
 #[derive(Debug, thiserror::Error)]
-pub enum WriteError {
+pub(crate) enum WriteError {
     #[error(transparent)]
     Render(#[from] ExportError),
     #[error(transparent)]
@@ -65,7 +56,7 @@ pub enum WriteError {
 
 impl ReportFiles {
     /// Rewrite every file from the report as it stands.
-    pub fn rewrite(&self, r: &TuneReport) -> Result<(), WriteError> {
+    pub(crate) fn rewrite(&self, r: &TuneReport) -> Result<(), WriteError> {
         for (f, p) in &self.0 {
             let text = f.exporter().render(r, &())?;
             crate::files::write_output(p, text.as_bytes())?;
@@ -73,7 +64,7 @@ impl ReportFiles {
         Ok(())
     }
 
-    pub fn paths(&self) -> impl Iterator<Item = &PathBuf> {
+    pub(crate) fn paths(&self) -> impl Iterator<Item = &PathBuf> {
         self.0.iter().map(|(_, p)| p)
     }
 }

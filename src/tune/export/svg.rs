@@ -6,7 +6,7 @@ use plotters::prelude::*;
 use crate::export::{ExportError, Exporter};
 use crate::tune::{Mark, TuneReport};
 
-pub struct Svg;
+pub(super) struct Svg;
 
 impl Exporter<TuneReport> for Svg {
     fn render(&self, r: &TuneReport, _: &()) -> Result<String, ExportError> {

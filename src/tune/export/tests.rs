@@ -1,6 +1,7 @@
 use super::*;
+use crate::tune::outcome::finish;
 use crate::tune::stats::Summary;
-use crate::tune::{ConfigResult, Trial, TuneReport, finish, new_report};
+use crate::tune::{ConfigResult, Trial, TuneReport, new_report};
 
 fn trial(round: usize, v: f64) -> Trial {
     Trial {
@@ -46,7 +47,7 @@ fn config(name: &str, v: &[f64]) -> ConfigResult {
     }
 }
 
-pub fn sample() -> TuneReport {
+pub(super) fn sample() -> TuneReport {
     let mut r = new_report(vec!["threadwise-workload".into()], 2, "sysfs:/".into(), 2.0);
     r.unit = "samples/s".into();
     r.runs = 3;
@@ -89,12 +90,6 @@ fn snapshots() {
     insta::assert_snapshot!("tune_csv", render(ReportFormat::Csv, &r));
     insta::assert_snapshot!("tune_markdown", render(ReportFormat::Markdown, &r));
     insta::assert_snapshot!("tune_table", crate::tune::report::render(&r));
-}
-
-#[test]
-fn every_format_has_its_own_name() {
-    let names: std::collections::BTreeSet<_> = ReportFormat::ALL.iter().map(|f| f.name()).collect();
-    assert_eq!(names.len(), ReportFormat::ALL.len());
 }
 
 /// Names from --config may hold what each format must escape.
