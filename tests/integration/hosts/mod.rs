@@ -565,9 +565,17 @@ fn doctor_on_a_host_flags_an_interface_that_does_not_reach_master() {
 
 #[test]
 fn test_hosts_refuses_clearly_without_root_or_a_count() {
+    // nobody may not enter the clone (a mode-700 home or mktemp -d): it runs
+    // a copy in a directory it can read.
+    let copy = tempfile::tempdir().unwrap();
+    let script_copy = copy.path().join("test-hosts.sh");
+    std::fs::copy(script(), &script_copy).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(copy.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&script_copy, std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = Command::new("runuser")
         .args(["-u", "nobody", "--"])
-        .arg(script())
+        .arg(&script_copy)
         .args(["up", "2"])
         .output()
         .unwrap();
