@@ -21,6 +21,15 @@ fn selected(text: &str) -> Option<&str> {
 }
 
 pub(super) fn memory(sys: &dyn Sys, topo: &Topology, out: &mut Vec<Finding>) {
+    let with_cpus = numa_layout(topo, out);
+    gpu_locality(topo, with_cpus, out);
+    memoryless(topo, out);
+    kernel_memory(sys, with_cpus, out);
+    swap(sys, out);
+}
+
+/// The NUMA nodes; returns how many have CPUs.
+fn numa_layout(topo: &Topology, out: &mut Vec<Finding>) -> usize {
     let with_cpus = topo
         .numa_nodes
         .iter()
@@ -49,6 +58,11 @@ pub(super) fn memory(sys: &dyn Sys, topo: &Topology, out: &mut Vec<Finding>) {
                 .join("; "),
         ),
     );
+    with_cpus
+}
+
+/// GPUs whose NUMA node is unknown, and GPUs spread unevenly over nodes.
+fn gpu_locality(topo: &Topology, with_cpus: usize, out: &mut Vec<Finding>) {
     let unknown: Vec<&str> = topo
         .gpus
         .iter()
@@ -85,6 +99,10 @@ pub(super) fn memory(sys: &dyn Sys, topo: &Topology, out: &mut Vec<Finding>) {
             .evidence(format!("GPUs per node: {per_node:?}")),
         );
     }
+}
+
+/// NUMA nodes with CPUs but no memory.
+fn memoryless(topo: &Topology, out: &mut Vec<Finding>) {
     let memless: Vec<String> = topo
         .numa_nodes
         .iter()
@@ -102,6 +120,10 @@ pub(super) fn memory(sys: &dyn Sys, topo: &Topology, out: &mut Vec<Finding>) {
             .evidence(format!("nodes {}", memless.join(","))),
         );
     }
+}
+
+/// The kernel's NUMA balancing, zone reclaim, huge pages and swappiness.
+fn kernel_memory(sys: &dyn Sys, with_cpus: usize, out: &mut Vec<Finding>) {
     if with_cpus > 1 && num(sys, "/proc/sys/kernel/numa_balancing").is_some_and(|v| v != 0) {
         out.push(
             Finding::new(
@@ -160,6 +182,10 @@ pub(super) fn memory(sys: &dyn Sys, topo: &Topology, out: &mut Vec<Finding>) {
             .sysctl("vm.swappiness", "10"),
         );
     }
+}
+
+/// Swap in use.
+fn swap(sys: &dyn Sys, out: &mut Vec<Finding>) {
     if let Some(m) = sys.read("/proc/meminfo") {
         let kib = |k: &str| -> Option<u64> {
             let l = m.lines().find(|l| l.starts_with(k))?;
@@ -221,6 +247,11 @@ pub(super) fn cpu(sys: &dyn Sys, topo: &Topology, out: &mut Vec<Finding>) {
             );
         }
     }
+    hybrid_and_isolated(sys, topo, out);
+}
+
+/// Hybrid (performance and efficiency) cores, isolated and nohz_full CPUs.
+fn hybrid_and_isolated(sys: &dyn Sys, topo: &Topology, out: &mut Vec<Finding>) {
     let e = topo
         .cores
         .iter()

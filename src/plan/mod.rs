@@ -341,6 +341,55 @@ pub fn plan(topo: &Topology, req: &PlanRequest, facts: &Facts) -> Result<Plan, P
     let selected = select_gpus(topo, req)?;
     let (n, why_n) = rank_count(topo, req, selected.len())?;
     let mut reasons = vec![why_n];
+    gpu_and_reserve_reasons(topo, req, &selected, &kept, &mut reasons);
+    // Rank i drives the i-th selected GPU (cuda:LOCAL_RANK), shared round-robin
+    // only when --oversubscribe asked for more ranks than GPUs.
+    let rank_gpus: Vec<Option<&PciDevice>> = (0..n)
+        .map(|i| (!selected.is_empty()).then(|| selected[i % selected.len()]))
+        .collect();
+    let slices = place::place(topo, req, &rank_gpus, &mut reasons)?;
+    let allocator = env::choose_allocator(req, facts, &mut reasons)?;
+    let ranks = slices
+        .into_iter()
+        .enumerate()
+        .map(|(i, slice)| {
+            let mut rank = rank_plan(topo, req, i, slice, rank_gpus[i], &selected, n);
+            rank.env = env::rank_env(req, &rank, &selected, rank_gpus[i], allocator.as_ref());
+            rank
+        })
+        .collect();
+    omp_reasons(req, &mut reasons);
+    let mut p = Plan {
+        schema: PLAN_SCHEMA.to_string(),
+        request: req.clone(),
+        source: topo.source.clone(),
+        allowed_cpus: topo.allowed_cpus.clone(),
+        cpu_budget: topo.cpu_budget,
+        nproc: n,
+        allocator,
+        ranks,
+        reasons,
+        unset_env: vec![],
+    };
+    if req.unset_threads {
+        p.unset_threads();
+        p.reasons.push(
+            "threads unset, as without threadwise: no thread-count or THREADWISE_* variable \
+             (each runtime sizes its pool to every CPU), no binding, no allocator"
+                .into(),
+        );
+    }
+    Ok(p)
+}
+
+/// What the node's reasons say of the job's GPUs and of --reserve.
+fn gpu_and_reserve_reasons(
+    topo: &Topology,
+    req: &PlanRequest,
+    selected: &[&PciDevice],
+    kept: &CpuSet,
+    reasons: &mut Vec<String>,
+) {
     if let Some(a) = &topo.gpu_access
         && a.usable < a.on_bus
     {
@@ -368,52 +417,55 @@ pub fn plan(topo: &Topology, req: &PlanRequest, facts: &Facts) -> Result<Plan, P
             }
         ));
     }
-    // Rank i drives the i-th selected GPU (cuda:LOCAL_RANK), shared round-robin
-    // only when --oversubscribe asked for more ranks than GPUs.
-    let rank_gpus: Vec<Option<&PciDevice>> = (0..n)
-        .map(|i| (!selected.is_empty()).then(|| selected[i % selected.len()]))
-        .collect();
-    let slices = place::place(topo, req, &rank_gpus, &mut reasons)?;
-    let allocator = env::choose_allocator(req, facts, &mut reasons)?;
-    let mut ranks = Vec::with_capacity(n);
-    for (i, slice) in slices.into_iter().enumerate() {
-        let gpu = rank_gpus[i];
-        let mut rank_reasons = slice.reasons.clone();
-        let size = sizing::size(topo, req, &slice, gpu.is_some(), n, &mut rank_reasons);
-        let mem_nodes: Vec<usize> = if req.mem == MemPolicy::None {
-            vec![]
+}
+
+/// Rank `i`'s plan from its slice and GPU (its environment is added after).
+fn rank_plan(
+    topo: &Topology,
+    req: &PlanRequest,
+    i: usize,
+    slice: place::Slice,
+    gpu: Option<&PciDevice>,
+    selected: &[&PciDevice],
+    n: usize,
+) -> RankPlan {
+    let mut rank_reasons = slice.reasons.clone();
+    let size = sizing::size(topo, req, &slice, gpu.is_some(), n, &mut rank_reasons);
+    let mem_nodes: Vec<usize> = if req.mem == MemPolicy::None {
+        vec![]
+    } else {
+        place::nodes_of(topo, &slice.cpus)
+    };
+    // A MIG slice is the only device its rank sees: cuda:0.
+    let gpu_ordinal = gpu.and_then(|g| {
+        if g.mig.is_some() {
+            Some(0)
         } else {
-            place::nodes_of(topo, &slice.cpus)
-        };
-        // A MIG slice is the only device its rank sees: cuda:0.
-        let gpu_ordinal = gpu.and_then(|g| {
-            if g.mig.is_some() {
-                Some(0)
-            } else {
-                selected
-                    .iter()
-                    .position(|s| s.bus_id == g.bus_id && s.mig.is_none())
-            }
-        });
-        let mut rank = RankPlan {
-            local_rank: i,
-            cpus: slice.cpus,
-            bind: slice.bind,
-            cores: slice.cores,
-            worker_cpus: size.worker_cpus,
-            mem_policy: req.mem,
-            mem_nodes,
-            gpu: gpu.map(|g| g.bus_id.clone()),
-            gpu_uuid: gpu.and_then(|g| g.mig.clone().or_else(|| g.uuid.clone())),
-            gpu_ordinal,
-            threads: size.threads,
-            workers: size.workers,
-            env: BTreeMap::new(),
-            reasons: rank_reasons,
-        };
-        rank.env = env::rank_env(req, &rank, &selected, gpu, allocator.as_ref());
-        ranks.push(rank);
+            selected
+                .iter()
+                .position(|s| s.bus_id == g.bus_id && s.mig.is_none())
+        }
+    });
+    RankPlan {
+        local_rank: i,
+        cpus: slice.cpus,
+        bind: slice.bind,
+        cores: slice.cores,
+        worker_cpus: size.worker_cpus,
+        mem_policy: req.mem,
+        mem_nodes,
+        gpu: gpu.map(|g| g.bus_id.clone()),
+        gpu_uuid: gpu.and_then(|g| g.mig.clone().or_else(|| g.uuid.clone())),
+        gpu_ordinal,
+        threads: size.threads,
+        workers: size.workers,
+        env: BTreeMap::new(),
+        reasons: rank_reasons,
     }
+}
+
+/// What the OpenMP wait and bind options mean, said when asked for.
+fn omp_reasons(req: &PlanRequest, reasons: &mut Vec<String>) {
     match req.omp_wait {
         WaitPolicy::Default => {}
         WaitPolicy::Active => reasons.push(
@@ -434,27 +486,6 @@ pub fn plan(topo: &Topology, req: &PlanRequest, facts: &Facts) -> Result<Plan, P
                 .to_string(),
         );
     }
-    let mut p = Plan {
-        schema: PLAN_SCHEMA.to_string(),
-        request: req.clone(),
-        source: topo.source.clone(),
-        allowed_cpus: topo.allowed_cpus.clone(),
-        cpu_budget: topo.cpu_budget,
-        nproc: n,
-        allocator,
-        ranks,
-        reasons,
-        unset_env: vec![],
-    };
-    if req.unset_threads {
-        p.unset_threads();
-        p.reasons.push(
-            "threads unset, as without threadwise: no thread-count or THREADWISE_* variable \
-             (each runtime sizes its pool to every CPU), no binding, no allocator"
-                .into(),
-        );
-    }
-    Ok(p)
 }
 
 #[cfg(test)]

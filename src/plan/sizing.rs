@@ -17,14 +17,23 @@ pub(super) struct Size {
 /// memory (each is a copy of the dataset object) for little throughput.
 const MAX_AUTO_WORKERS: usize = 8;
 
-pub(super) fn size(
+/// What a rank computes on: its cores (the performance ones of a hybrid
+/// CPU), counted as the request counts them, split among its sharers.
+struct Units {
+    hybrid: bool,
+    /// Cores it computes on.
+    cores: usize,
+    /// Compute units (cores, or CPUs with --smt) of its own.
+    units: usize,
+}
+
+fn units(
     topo: &Topology,
     req: &PlanRequest,
     slice: &Slice,
     has_gpu: bool,
-    nproc: usize,
     reasons: &mut Vec<String>,
-) -> Size {
+) -> Units {
     // Hybrid: compute threads on the performance cores only (an OpenMP loop
     // split evenly waits for its slowest thread); efficiency cores feed workers.
     let fast: Vec<&CpuSet> = slice
@@ -52,70 +61,36 @@ pub(super) fn size(
             fast.len()
         ));
     }
-    // Ranks sharing a node or package split its cores between them.
-    let units = (per_core / slice.sharers.max(1)).max(1);
-    let budget = topo.cpu_budget / nproc as f64;
-    let budget_cap = (budget.floor() as usize).max(1);
+    Units {
+        hybrid,
+        cores: n_cores,
+        // Ranks sharing a node or package split its cores between them.
+        units: (per_core / slice.sharers.max(1)).max(1),
+    }
+}
+
+pub(super) fn size(
+    topo: &Topology,
+    req: &PlanRequest,
+    slice: &Slice,
+    has_gpu: bool,
+    nproc: usize,
+    reasons: &mut Vec<String>,
+) -> Size {
+    let u = units(topo, req, slice, has_gpu, reasons);
     let (mut threads, mut workers) = match req.profile {
         Profile::Seed => seed(topo, req, nproc, reasons),
-        Profile::Auto if has_gpu => {
-            let t = units.div_ceil(4).clamp(1, 4);
-            let room = units.saturating_sub(t) + slice.extra_cores;
-            let w = room.clamp(1, MAX_AUTO_WORKERS);
-            reasons.push(format!(
-                "GPU rank: {t} compute thread(s) of {units} {}; {w} DataLoader worker(s) on the rest{}{}",
-                unit_word(req),
-                if slice.extra_cores > 0 {
-                    format!(" and on the {} worker-only core(s)", slice.extra_cores)
-                } else {
-                    String::new()
-                },
-                if room > MAX_AUTO_WORKERS { format!(" (capped at {MAX_AUTO_WORKERS})") } else { String::new() }
-            ));
-            (t, w)
-        }
-        Profile::Auto if hybrid => {
-            let slow = slice.core_sets.len() - n_cores;
-            let w = slow.clamp(1, MAX_AUTO_WORKERS);
-            reasons.push(format!(
-                "CPU rank: all {units} performance core(s) compute; {w} DataLoader worker(s) on its {slow} efficiency core(s)"
-            ));
-            (units, w)
-        }
-        Profile::Auto => {
-            // At least two: with one, the step waits whenever that worker's
-            // batch is slow; a second keeps a batch ready (measured on the
-            // PyTorch example, 2 ranks on 2 cores: 1 worker 0.93x torchrun's
-            // default, 2 workers 1.04x; scripts/bench-run-vs-torchrun.sh).
-            let w = (units / 4).clamp(2, 4);
-            reasons.push(format!(
-                "CPU rank: all {units} {} compute; {w} DataLoader worker(s) (at least 2, so one \
-                 batch is ready while another is slow)",
-                unit_word(req)
-            ));
-            (units, w)
-        }
+        Profile::Auto => auto(req, slice, &u, has_gpu, reasons),
     };
-    if req.profile == Profile::Auto && threads > budget_cap {
-        reasons.push(format!(
-            "the cgroup CPU budget of {:.2} CPUs over {nproc} rank(s) allows {budget_cap} thread(s) each",
-            topo.cpu_budget
-        ));
-        threads = budget_cap;
-    }
-    if req.profile == Profile::Auto && budget < 1.0 {
-        reasons.push(format!(
-            "the cgroup CPU budget of {:.2} CPUs gives each of {nproc} rank(s) {budget:.2} CPU: \
-             less than one, so the quota throttles every rank whatever the threads; \
-             raise the quota or start fewer ranks",
-            topo.cpu_budget
-        ));
+    if req.profile == Profile::Auto {
+        threads = within_budget(topo, nproc, threads, reasons);
     }
     if let Amount::Fixed(t) = req.threads {
         threads = t.max(1);
-        if t > units {
+        if t > u.units {
             reasons.push(format!(
-                "{t} threads asked on {units} {}: oversubscribed",
+                "{t} threads asked on {} {}: oversubscribed",
+                u.units,
                 unit_word(req)
             ));
         }
@@ -123,51 +98,143 @@ pub(super) fn size(
     if let Amount::Fixed(w) = req.workers {
         workers = w;
     }
-    // GPU ranks: workers get the cores after the compute threads' ones and the
-    // worker-only cores of GPU-less nodes. CPU ranks compute on all their
-    // cores, so their workers may use any allowed CPU of the rank's NUMA
-    // node(s): a worker stuck behind its own rank's compute threads stalls
-    // the step whenever one batch is slow to make, while another rank's core
-    // is idle in its all-reduce.
+    let worker_cpus = worker_cpus(
+        topo, req, slice, u.hybrid, has_gpu, threads, workers, reasons,
+    );
+    Size {
+        threads,
+        workers,
+        worker_cpus,
+    }
+}
+
+/// Our rule's threads and workers for a GPU rank, a hybrid CPU rank and a CPU rank.
+fn auto(
+    req: &PlanRequest,
+    slice: &Slice,
+    u: &Units,
+    has_gpu: bool,
+    reasons: &mut Vec<String>,
+) -> (usize, usize) {
+    let units = u.units;
+    if has_gpu {
+        let t = units.div_ceil(4).clamp(1, 4);
+        let room = units.saturating_sub(t) + slice.extra_cores;
+        let w = room.clamp(1, MAX_AUTO_WORKERS);
+        reasons.push(format!(
+            "GPU rank: {t} compute thread(s) of {units} {}; {w} DataLoader worker(s) on the rest{}{}",
+            unit_word(req),
+            if slice.extra_cores > 0 {
+                format!(" and on the {} worker-only core(s)", slice.extra_cores)
+            } else {
+                String::new()
+            },
+            if room > MAX_AUTO_WORKERS { format!(" (capped at {MAX_AUTO_WORKERS})") } else { String::new() }
+        ));
+        (t, w)
+    } else if u.hybrid {
+        let slow = slice.core_sets.len() - u.cores;
+        let w = slow.clamp(1, MAX_AUTO_WORKERS);
+        reasons.push(format!(
+            "CPU rank: all {units} performance core(s) compute; {w} DataLoader worker(s) on its {slow} efficiency core(s)"
+        ));
+        (units, w)
+    } else {
+        // At least two: with one, the step waits whenever that worker's
+        // batch is slow; a second keeps a batch ready (measured on the
+        // PyTorch example, 2 ranks on 2 cores: 1 worker 0.93x torchrun's
+        // default, 2 workers 1.04x; scripts/bench-run-vs-torchrun.sh).
+        let w = (units / 4).clamp(2, 4);
+        reasons.push(format!(
+            "CPU rank: all {units} {} compute; {w} DataLoader worker(s) (at least 2, so one \
+             batch is ready while another is slow)",
+            unit_word(req)
+        ));
+        (units, w)
+    }
+}
+
+/// Threads capped by each rank's share of the cgroup CPU budget (and a
+/// share under one CPU said).
+fn within_budget(
+    topo: &Topology,
+    nproc: usize,
+    threads: usize,
+    reasons: &mut Vec<String>,
+) -> usize {
+    let budget = topo.cpu_budget / nproc as f64;
+    let budget_cap = (budget.floor() as usize).max(1);
+    let mut threads = threads;
+    if threads > budget_cap {
+        reasons.push(format!(
+            "the cgroup CPU budget of {:.2} CPUs over {nproc} rank(s) allows {budget_cap} thread(s) each",
+            topo.cpu_budget
+        ));
+        threads = budget_cap;
+    }
+    if budget < 1.0 {
+        reasons.push(format!(
+            "the cgroup CPU budget of {:.2} CPUs gives each of {nproc} rank(s) {budget:.2} CPU: \
+             less than one, so the quota throttles every rank whatever the threads; \
+             raise the quota or start fewer ranks",
+            topo.cpu_budget
+        ));
+    }
+    threads
+}
+
+/// Where the rank's DataLoader workers run. GPU ranks: the cores after the
+/// compute threads' ones and the worker-only cores of GPU-less nodes. CPU
+/// ranks compute on all their cores, so their workers may use any allowed
+/// CPU of the rank's NUMA node(s): a worker stuck behind its own rank's
+/// compute threads stalls the step whenever one batch is slow to make,
+/// while another rank's core is idle in its all-reduce.
+#[allow(clippy::too_many_arguments)]
+fn worker_cpus(
+    topo: &Topology,
+    req: &PlanRequest,
+    slice: &Slice,
+    hybrid: bool,
+    has_gpu: bool,
+    threads: usize,
+    workers: usize,
+    reasons: &mut Vec<String>,
+) -> CpuSet {
     let spare: CpuSet = slice
         .core_sets
         .iter()
         .skip(threads)
         .fold(CpuSet::new(), |a, s| a.union(s))
         .union(&slice.extra);
-    let worker_cpus = if hybrid && !has_gpu {
-        slice.efficiency.clone()
-    } else if has_gpu && !spare.is_empty() && slice.bind {
-        spare
-    } else if !has_gpu && slice.bind && workers > 0 && req.profile == Profile::Auto {
-        let near = topo
-            .numa_nodes
-            .iter()
-            .filter(|n| n.cpus.intersects(&slice.cpus))
-            .fold(CpuSet::new(), |a, n| a.union(&n.cpus))
-            .intersection(&topo.allowed_cpus);
-        let near = if near.is_empty() {
-            topo.allowed_cpus.clone()
-        } else {
-            near
-        };
-        if near != slice.cpus {
-            reasons.push(format!(
-                "DataLoader workers may run on CPUs {near} (the allowed CPUs of its NUMA node(s)): \
-                 its own {} core(s) run its {threads} compute thread(s), and a worker queued behind \
-                 them stalls the step when a batch is slow; threadwise run moves its child processes there",
-                slice.cores
-            ));
-        }
-        near
-    } else {
-        slice.cpus.clone()
-    };
-    Size {
-        threads,
-        workers,
-        worker_cpus,
+    if hybrid && !has_gpu {
+        return slice.efficiency.clone();
     }
+    if has_gpu && !spare.is_empty() && slice.bind {
+        return spare;
+    }
+    if !(!has_gpu && slice.bind && workers > 0 && req.profile == Profile::Auto) {
+        return slice.cpus.clone();
+    }
+    let near = topo
+        .numa_nodes
+        .iter()
+        .filter(|n| n.cpus.intersects(&slice.cpus))
+        .fold(CpuSet::new(), |a, n| a.union(&n.cpus))
+        .intersection(&topo.allowed_cpus);
+    let near = if near.is_empty() {
+        topo.allowed_cpus.clone()
+    } else {
+        near
+    };
+    if near != slice.cpus {
+        reasons.push(format!(
+            "DataLoader workers may run on CPUs {near} (the allowed CPUs of its NUMA node(s)): \
+             its own {} core(s) run its {threads} compute thread(s), and a worker queued behind \
+             them stalls the step when a batch is slow; threadwise run moves its child processes there",
+            slice.cores
+        ));
+    }
+    near
 }
 
 /// How much compute a hybrid rank has: its cores weighted by their capacity

@@ -295,150 +295,200 @@ fn delta(prev: Option<&Process>, cur: &Process) -> (u64, u64, u64, u64, CpuSet) 
     (u, s, v, iv, ran)
 }
 
+/// An interval's clock: CPU ticks into percent of one CPU, counts into rates.
+struct Rates {
+    hz: f64,
+    dt: f64,
+    /// Switches are counted over the time between their readings.
+    dt_cs: f64,
+}
+
+impl Rates {
+    fn pct(&self, ticks: u64) -> f64 {
+        100.0 * ticks as f64 / self.hz / self.dt
+    }
+    fn cs_per_s(&self, n: u64) -> f64 {
+        n as f64 / self.dt_cs
+    }
+}
+
 /// The view of one interval, from two snapshots of the same targets.
 pub(crate) fn view(targets: &[Target], prev: &Snapshot, cur: &Snapshot, hz: f64) -> View {
     let dt = (cur.at - prev.at).max(1e-3);
-    // Switches are counted over the time between their readings.
-    let dt_cs = (cur.cs_at - prev.cs_at).max(1e-3);
-    let pct = |t: u64| 100.0 * t as f64 / hz / dt;
-    let mut ranks = vec![];
+    let r = Rates {
+        hz,
+        dt,
+        dt_cs: (cur.cs_at - prev.cs_at).max(1e-3),
+    };
     let mut alerts = vec![];
-    for (i, t) in targets.iter().enumerate() {
-        let now = cur.ranks.get(i);
-        let before = prev.ranks.get(i);
-        let Some(main) = now.and_then(|r| r.main.as_ref()) else {
-            alerts.push(Alert {
-                local_rank: t.local_rank,
-                kind: AlertKind::Exited,
-                reason: format!("rank {} (pid {}) is gone", t.local_rank, t.pid),
-            });
-            ranks.push(RankView {
-                local_rank: t.local_rank,
-                pid: t.pid,
-                alive: false,
-                comm: String::new(),
-                cpu_user_pct: 0.0,
-                cpu_sys_pct: 0.0,
-                threads: 0,
-                runnable: 0,
-                voluntary_cs_per_s: 0.0,
-                involuntary_cs_per_s: 0.0,
-                planned: t.cpus.clone(),
-                ran_on: CpuSet::new(),
-                rss_mib: 0.0,
-                local_pages_pct: None,
-                workers: vec![],
-                gpu: None,
-            });
-            continue;
-        };
-        let (u, s, v, iv, ran_on) = delta(before.and_then(|b| b.main.as_ref()), main);
-        let mut runnable = main.threads.iter().filter(|t| t.state == 'R').count();
-        let mut invol = iv;
-        let worker_set = if t.worker_cpus.is_empty() {
-            &t.cpus
-        } else {
-            &t.worker_cpus
-        };
-        let mut workers = vec![];
-        for c in now.map(|r| r.children.as_slice()).unwrap_or_default() {
-            let old = before.and_then(|b| b.children.iter().find(|p| p.pid == c.pid));
-            let (cu, cs, _, civ, cran) = delta(old, c);
-            runnable += c.threads.iter().filter(|t| t.state == 'R').count();
-            invol += civ;
-            if !cran.is_subset(worker_set) && !cran.is_subset(&t.cpus) {
-                alerts.push(Alert {
-                    local_rank: t.local_rank,
-                    kind: AlertKind::OffPlan,
-                    reason: format!(
-                        "rank {} worker {} ({}) ran on CPUs {} outside its set {}",
-                        t.local_rank, c.pid, c.comm, cran, worker_set
-                    ),
-                });
-            }
-            workers.push(WorkerView {
-                pid: c.pid,
-                comm: c.comm.clone(),
-                cpu_pct: pct(cu + cs),
-                allowed: c.affinity.clone(),
-                ran_on: cran,
-            });
-        }
-        if !ran_on.is_subset(&t.cpus) {
+    let ranks = targets
+        .iter()
+        .enumerate()
+        .map(|(i, t)| rank_view(t, cur.ranks.get(i), prev.ranks.get(i), &r, &mut alerts))
+        .collect();
+    View {
+        schema: TOP_SCHEMA.to_string(),
+        interval_s: dt,
+        ranks,
+        cpu_busy_pct: cpu_busy(prev, cur),
+        alerts: dedupe(alerts),
+    }
+}
+
+/// A rank that is gone.
+fn gone(t: &Target, alerts: &mut Vec<Alert>) -> RankView {
+    alerts.push(Alert {
+        local_rank: t.local_rank,
+        kind: AlertKind::Exited,
+        reason: format!("rank {} (pid {}) is gone", t.local_rank, t.pid),
+    });
+    RankView {
+        local_rank: t.local_rank,
+        pid: t.pid,
+        alive: false,
+        comm: String::new(),
+        cpu_user_pct: 0.0,
+        cpu_sys_pct: 0.0,
+        threads: 0,
+        runnable: 0,
+        voluntary_cs_per_s: 0.0,
+        involuntary_cs_per_s: 0.0,
+        planned: t.cpus.clone(),
+        ran_on: CpuSet::new(),
+        rss_mib: 0.0,
+        local_pages_pct: None,
+        workers: vec![],
+        gpu: None,
+    }
+}
+
+/// One rank over the interval, its alerts added to `alerts`.
+fn rank_view(
+    t: &Target,
+    now: Option<&RankSnap>,
+    before: Option<&RankSnap>,
+    r: &Rates,
+    alerts: &mut Vec<Alert>,
+) -> RankView {
+    let Some(main) = now.and_then(|n| n.main.as_ref()) else {
+        return gone(t, alerts);
+    };
+    let (u, s, v, iv, ran_on) = delta(before.and_then(|b| b.main.as_ref()), main);
+    let children = now.map(|n| n.children.as_slice()).unwrap_or_default();
+    let (workers, w_runnable, w_invol) = workers(t, children, before, r, alerts);
+    let runnable = main.threads.iter().filter(|t| t.state == 'R').count() + w_runnable;
+    let local_pages_pct = main.pages_per_node.as_ref().and_then(|per| {
+        let total: u64 = per.values().sum();
+        (total > 0 && !t.mem_nodes.is_empty()).then(|| {
+            let local: u64 = t.mem_nodes.iter().filter_map(|n| per.get(n)).sum();
+            100.0 * local as f64 / total as f64
+        })
+    });
+    let mut alert = |kind, reason| {
+        alerts.push(Alert {
+            local_rank: t.local_rank,
+            kind,
+            reason,
+        })
+    };
+    let k = t.local_rank;
+    if !ran_on.is_subset(&t.cpus) {
+        let why = format!(
+            "rank {k} ran on CPUs {ran_on} outside its planned {} (its mask is {})",
+            t.cpus, main.affinity
+        );
+        alert(AlertKind::OffPlan, why);
+    }
+    if runnable > t.cpus.len().max(1) {
+        let why = format!(
+            "rank {k}: {runnable} runnable threads on {} CPU(s) ({})",
+            t.cpus.len(),
+            t.cpus
+        );
+        alert(AlertKind::Oversubscribed, why);
+    }
+    let invol_s = r.cs_per_s(iv + w_invol);
+    if invol_s > PREEMPTED_PER_S {
+        let why = format!(
+            "rank {k}: {invol_s:.0} involuntary context switches/s: its threads are preempted"
+        );
+        alert(AlertKind::Preempted, why);
+    }
+    if let Some(l) = local_pages_pct
+        && 100.0 - l > REMOTE_PCT
+    {
+        let why = format!(
+            "rank {k}: {:.0}% of its pages are off its node(s) {:?}",
+            100.0 - l,
+            t.mem_nodes
+        );
+        alert(AlertKind::RemoteMemory, why);
+    }
+    RankView {
+        local_rank: t.local_rank,
+        pid: t.pid,
+        alive: true,
+        comm: main.comm.clone(),
+        cpu_user_pct: r.pct(u),
+        cpu_sys_pct: r.pct(s),
+        threads: main.threads.len(),
+        runnable,
+        voluntary_cs_per_s: r.cs_per_s(v),
+        involuntary_cs_per_s: r.cs_per_s(iv),
+        planned: t.cpus.clone(),
+        ran_on,
+        rss_mib: main.rss_kib as f64 / 1024.0,
+        local_pages_pct,
+        workers,
+        gpu: None,
+    }
+}
+
+/// A rank's workers (its child processes) over the interval, with their
+/// runnable threads and involuntary switches; a worker off its CPUs is an alert.
+fn workers(
+    t: &Target,
+    children: &[Process],
+    before: Option<&RankSnap>,
+    r: &Rates,
+    alerts: &mut Vec<Alert>,
+) -> (Vec<WorkerView>, usize, u64) {
+    let worker_set = if t.worker_cpus.is_empty() {
+        &t.cpus
+    } else {
+        &t.worker_cpus
+    };
+    let (mut runnable, mut invol) = (0, 0);
+    let mut out = vec![];
+    for c in children {
+        let old = before.and_then(|b| b.children.iter().find(|p| p.pid == c.pid));
+        let (cu, cs, _, civ, cran) = delta(old, c);
+        runnable += c.threads.iter().filter(|t| t.state == 'R').count();
+        invol += civ;
+        if !cran.is_subset(worker_set) && !cran.is_subset(&t.cpus) {
             alerts.push(Alert {
                 local_rank: t.local_rank,
                 kind: AlertKind::OffPlan,
                 reason: format!(
-                    "rank {} ran on CPUs {} outside its planned {} (its mask is {})",
-                    t.local_rank, ran_on, t.cpus, main.affinity
+                    "rank {} worker {} ({}) ran on CPUs {} outside its set {}",
+                    t.local_rank, c.pid, c.comm, cran, worker_set
                 ),
             });
         }
-        if runnable > t.cpus.len().max(1) {
-            alerts.push(Alert {
-                local_rank: t.local_rank,
-                kind: AlertKind::Oversubscribed,
-                reason: format!(
-                    "rank {}: {runnable} runnable threads on {} CPU(s) ({})",
-                    t.local_rank,
-                    t.cpus.len(),
-                    t.cpus
-                ),
-            });
-        }
-        let invol_s = invol as f64 / dt_cs;
-        if invol_s > PREEMPTED_PER_S {
-            alerts.push(Alert {
-                local_rank: t.local_rank,
-                kind: AlertKind::Preempted,
-                reason: format!(
-                    "rank {}: {invol_s:.0} involuntary context switches/s: its threads are preempted",
-                    t.local_rank
-                ),
-            });
-        }
-        let local_pages_pct = main.pages_per_node.as_ref().and_then(|per| {
-            let total: u64 = per.values().sum();
-            (total > 0 && !t.mem_nodes.is_empty()).then(|| {
-                let local: u64 = t.mem_nodes.iter().filter_map(|n| per.get(n)).sum();
-                100.0 * local as f64 / total as f64
-            })
-        });
-        if let Some(l) = local_pages_pct
-            && 100.0 - l > REMOTE_PCT
-        {
-            alerts.push(Alert {
-                local_rank: t.local_rank,
-                kind: AlertKind::RemoteMemory,
-                reason: format!(
-                    "rank {}: {:.0}% of its pages are off its node(s) {:?}",
-                    t.local_rank,
-                    100.0 - l,
-                    t.mem_nodes
-                ),
-            });
-        }
-        ranks.push(RankView {
-            local_rank: t.local_rank,
-            pid: t.pid,
-            alive: true,
-            comm: main.comm.clone(),
-            cpu_user_pct: pct(u),
-            cpu_sys_pct: pct(s),
-            threads: main.threads.len(),
-            runnable,
-            voluntary_cs_per_s: v as f64 / dt_cs,
-            involuntary_cs_per_s: iv as f64 / dt_cs,
-            planned: t.cpus.clone(),
-            ran_on,
-            rss_mib: main.rss_kib as f64 / 1024.0,
-            local_pages_pct,
-            workers,
-            gpu: None,
+        out.push(WorkerView {
+            pid: c.pid,
+            comm: c.comm.clone(),
+            cpu_pct: r.pct(cu + cs),
+            allowed: c.affinity.clone(),
+            ran_on: cran,
         });
     }
-    let cpu_busy_pct = cur
-        .cpus
+    (out, runnable, invol)
+}
+
+/// Each CPU's busy share over the interval.
+fn cpu_busy(prev: &Snapshot, cur: &Snapshot) -> BTreeMap<usize, f64> {
+    cur.cpus
         .iter()
         .filter_map(|(c, (busy, total))| {
             let (pb, pt) = prev.cpus.get(c)?;
@@ -452,14 +502,7 @@ pub(crate) fn view(targets: &[Target], prev: &Snapshot, cur: &Snapshot, hz: f64)
                 },
             ))
         })
-        .collect();
-    View {
-        schema: TOP_SCHEMA.to_string(),
-        interval_s: dt,
-        ranks,
-        cpu_busy_pct,
-        alerts: dedupe(alerts),
-    }
+        .collect()
 }
 
 fn dedupe(v: Vec<Alert>) -> Vec<Alert> {

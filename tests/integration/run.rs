@@ -405,6 +405,25 @@ fn sigint_is_forwarded_and_a_second_one_kills() {
     assert!(survivors(marker).is_empty());
 }
 
+/// The marked processes that are not a shell's fork on its way to exec (a
+/// fork keeps its parent's command line until it execs: counting those, a
+/// count can pass before every real process is up).
+fn settled(marker: &str) -> usize {
+    let cmdline = |pid: &str| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    survivors(marker)
+        .iter()
+        .filter(|s| {
+            let pid = s.split(':').next().unwrap_or_default();
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().nth(1));
+            ppid.is_some_and(|pp| cmdline(pp) != cmdline(pid))
+        })
+        .count()
+}
+
 #[test]
 fn ranks_die_with_a_sigkilled_threadwise() {
     // The ranks and, where a job cgroup can be made, their children too.
@@ -427,10 +446,10 @@ fn ranks_die_with_a_sigkilled_threadwise() {
     let want = if cgroup { 6 } else { 2 };
     wait_for(
         "ranks and their children up",
-        Duration::from_secs(5),
-        || survivors(marker).len() >= want,
+        Duration::from_secs(10),
+        || settled(marker) >= want,
     );
-    let before = survivors(marker).len();
+    let before = settled(marker);
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(before >= 2, "the ranks were running: {before}");

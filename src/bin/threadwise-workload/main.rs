@@ -261,14 +261,9 @@ fn cap_threads_like_torch() {
     }
 }
 
-fn main() {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    if argv.first().map(String::as_str) == Some("--loader-worker") {
-        loader_worker(&argv[1..]);
-    }
-    let a = parse(&argv).unwrap_or_else(|e| fail(2, e));
-    let peer = Peer::from_env(&|k| std::env::var(k).ok()).unwrap_or_else(|e| fail(2, e));
-    let workers = match std::env::var("THREADWISE_NUM_WORKERS") {
+/// `THREADWISE_NUM_WORKERS` (the plan's), else `--workers`, else 2.
+fn worker_count(a: &Args) -> usize {
+    match std::env::var("THREADWISE_NUM_WORKERS") {
         Ok(v) => v
             .parse::<usize>()
             .ok()
@@ -280,11 +275,259 @@ fn main() {
                 )
             }),
         Err(_) => a.workers.unwrap_or(2),
-    };
+    }
+}
+
+/// Each layer's normalised output, activation and inverse deviation.
+type Acts = Vec<(Vec<f32>, Vec<f32>, Vec<f32>)>;
+/// Each layer's input where it is not the previous activation (the batch,
+/// or a pooled image).
+type Inputs = Vec<Option<Vec<f32>>>;
+
+/// One layer forward: conv, batch norm, the residual add, ReLU.
+fn layer_forward(
+    layers: &[Layer],
+    i: usize,
+    b: usize,
+    x: &[f32],
+    inputs: &Inputs,
+    acts: &Acts,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let l = &layers[i];
+    let pixels = b * l.s * l.s;
+    let n = (pixels * l.cout) as i64;
+    let mut y = buffer(pixels * l.cout);
+    let mut act = buffer(pixels * l.cout);
+    let (mut mean, mut inv) = (vec![0f32; l.cout], vec![0f32; l.cout]);
+    // SAFETY: the buffers have the sizes the kernels index (pixels*cin,
+    // 9*cin*cout, pixels*cout, cout) and cout <= the kernels' 1024.
+    unsafe {
+        tw_conv3x3(
+            x.as_ptr(),
+            l.w.as_ptr(),
+            y.as_mut_ptr(),
+            c(b),
+            c(l.s),
+            c(l.cin),
+            c(l.cout),
+        );
+        tw_bn_stats(
+            y.as_ptr(),
+            pixels as i64,
+            c(l.cout),
+            mean.as_mut_ptr(),
+            inv.as_mut_ptr(),
+        );
+        tw_bn_apply(
+            y.as_mut_ptr(),
+            pixels as i64,
+            c(l.cout),
+            mean.as_ptr(),
+            inv.as_ptr(),
+        );
+    }
+    if l.residual {
+        // The block's input: the previous layer's input, same shape.
+        let r = inputs[i - 1].as_deref().unwrap_or_else(|| &acts[i - 2].1);
+        let mut z = buffer(pixels * l.cout);
+        // SAFETY: y, r and z all hold pixels*cout floats.
+        unsafe {
+            tw_add(y.as_ptr(), r.as_ptr(), z.as_mut_ptr(), n);
+            tw_relu(z.as_ptr(), act.as_mut_ptr(), n);
+        }
+    } else {
+        // SAFETY: y and act hold pixels*cout floats.
+        unsafe { tw_relu(y.as_ptr(), act.as_mut_ptr(), n) };
+    }
+    (y, act, inv)
+}
+
+/// Forward over every layer, keeping what backward needs.
+fn forward(layers: &[Layer], a: &Args, input: Vec<f32>) -> (Acts, Inputs) {
+    let b = a.batch;
+    let mut acts: Acts = Vec::with_capacity(layers.len());
+    let mut inputs: Inputs = Vec::with_capacity(layers.len());
+    let mut first = Some(input);
+    for (i, l) in layers.iter().enumerate() {
+        let s_prev = if i == 0 { a.size } else { layers[i - 1].s };
+        let mut own = first.take();
+        if l.pool_before {
+            let x = own.as_deref().unwrap_or_else(|| &acts[i - 1].1);
+            let mut p = buffer(b * l.s * l.s * l.cin);
+            // SAFETY: x holds b*s_prev^2*cin floats, p b*s^2*cin, s = s_prev/2.
+            unsafe { tw_pool2(x.as_ptr(), p.as_mut_ptr(), c(b), c(s_prev), c(l.cin)) };
+            own = Some(p);
+        }
+        let x = own.as_deref().unwrap_or_else(|| &acts[i - 1].1);
+        let out = layer_forward(layers, i, b, x, &inputs, &acts);
+        inputs.push(own);
+        acts.push(out);
+    }
+    (acts, inputs)
+}
+
+/// The gradient of layer `i`'s input from its output's `g` (the flipped
+/// kernel), the shortcut's gradient added where a residual block began,
+/// un-pooled where the layer pooled.
+fn input_gradient(
+    layers: &[Layer],
+    i: usize,
+    b: usize,
+    g: &[f32],
+    shortcut: &mut Option<Vec<f32>>,
+) -> Vec<f32> {
+    let l = &layers[i];
+    let pixels = b * l.s * l.s;
+    let mut wt = buffer(9 * l.cin * l.cout);
+    let mut gin = buffer(pixels * l.cin);
+    // SAFETY: wt is the flipped 9*cin*cout kernel; gin holds pixels*cin.
+    unsafe {
+        tw_flip(l.w.as_ptr(), wt.as_mut_ptr(), c(l.cin), c(l.cout));
+        tw_conv3x3(
+            g.as_ptr(),
+            wt.as_ptr(),
+            gin.as_mut_ptr(),
+            c(b),
+            c(l.s),
+            c(l.cout),
+            c(l.cin),
+        );
+    }
+    // The first layer of a residual block (the one after it stashed
+    // the shortcut) takes the block's input: add the shortcut's gradient.
+    if !l.residual
+        && let Some(r) = shortcut.take()
+    {
+        // SAFETY: this layer's input is the block's input: same shape as r.
+        unsafe { tw_add(gin.as_ptr(), r.as_ptr(), gin.as_mut_ptr(), gin.len() as i64) };
+    }
+    if !l.pool_before {
+        return gin;
+    }
+    let up = layers[i - 1].s;
+    let mut gp = buffer(b * up * up * l.cin);
+    // SAFETY: gin holds b*s^2*cin floats, gp b*(2s)^2*cin.
+    unsafe { tw_pool2_back(gin.as_ptr(), gp.as_mut_ptr(), c(b), c(up), c(l.cin)) };
+    gp
+}
+
+/// Backward, last layer first: full buckets of weight gradients go to the
+/// communication thread (`send`) while the earlier layers' are computed.
+/// Returns every layer's gradient and the layers of each bucket sent.
+fn backward(
+    layers: &[Layer],
+    a: &Args,
+    acts: &Acts,
+    inputs: &Inputs,
+    send: &dyn Fn(Job),
+) -> (Vec<Vec<f32>>, Vec<Vec<usize>>) {
+    let (b, bucket_floats) = (a.batch, a.bucket_kib * 256);
+    let x = &acts.last().expect("at least one layer").1;
+    // The loss's gradient, made from the last activation.
+    let mut g: Vec<f32> = x.iter().map(|v| v * 0.1 - 0.01).collect();
+    let mut grads: Vec<Vec<f32>> = (0..layers.len()).map(|_| vec![]).collect();
+    let mut bucket: Vec<f32> = Vec::with_capacity(bucket_floats);
+    let mut bucket_layers: Vec<Vec<usize>> = vec![vec![]];
+    // The gradient a residual block sends straight to its input, added
+    // when backward reaches that input.
+    let mut shortcut: Option<Vec<f32>> = None;
+    for (i, l) in layers.iter().enumerate().rev() {
+        let (xhat, act, inv) = &acts[i];
+        let input = inputs[i].as_ref().unwrap_or_else(|| &acts[i - 1].1);
+        let pixels = b * l.s * l.s;
+        let mut gw = buffer(9 * l.cin * l.cout);
+        // SAFETY: as forward; g holds pixels*cout floats.
+        unsafe { tw_relu_back(act.as_ptr(), g.as_mut_ptr(), (pixels * l.cout) as i64) };
+        if l.residual {
+            shortcut = Some(g.clone());
+        }
+        // SAFETY: as forward.
+        unsafe {
+            tw_bn_back(
+                xhat.as_ptr(),
+                g.as_mut_ptr(),
+                pixels as i64,
+                c(l.cout),
+                inv.as_ptr(),
+            );
+            tw_conv3x3_gradw(
+                input.as_ptr(),
+                g.as_ptr(),
+                gw.as_mut_ptr(),
+                c(b),
+                c(l.s),
+                c(l.cin),
+                c(l.cout),
+            );
+        }
+        bucket.extend_from_slice(&gw);
+        bucket_layers.last_mut().expect("one open").push(i);
+        grads[i] = gw;
+        if bucket.len() >= bucket_floats {
+            let full = std::mem::replace(&mut bucket, Vec::with_capacity(bucket_floats));
+            send(Job::Bucket(full));
+            bucket_layers.push(vec![]);
+        }
+        if i == 0 {
+            break;
+        }
+        g = input_gradient(layers, i, b, &g, &mut shortcut);
+    }
+    if !bucket.is_empty() {
+        send(Job::Bucket(bucket));
+    } else {
+        bucket_layers.pop();
+    }
+    (grads, bucket_layers)
+}
+
+/// Wait for every bucket, average, and step the optimizer.
+fn average_and_step(
+    layers: &mut [Layer],
+    grads: &mut [Vec<f32>],
+    buckets: &[Vec<usize>],
+    world: usize,
+    receive: &dyn Fn() -> (Vec<f32>, bool),
+) {
+    for members in buckets {
+        let (reduced, _) = receive();
+        let mut off = 0;
+        for &i in members {
+            let n = grads[i].len();
+            let scale = 1.0 / world as f32;
+            for (d, s) in grads[i].iter_mut().zip(&reduced[off..off + n]) {
+                *d = s * scale;
+            }
+            off += n;
+        }
+    }
+    for (l, gw) in layers.iter_mut().zip(grads.iter()) {
+        // SAFETY: w, mom and gw all hold 9*cin*cout floats.
+        unsafe {
+            tw_sgd(
+                l.w.as_mut_ptr(),
+                l.mom.as_mut_ptr(),
+                gw.as_ptr(),
+                gw.len() as i64,
+                1e-4,
+            )
+        };
+    }
+}
+
+fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().map(String::as_str) == Some("--loader-worker") {
+        loader_worker(&argv[1..]);
+    }
+    let a = parse(&argv).unwrap_or_else(|e| fail(2, e));
+    let peer = Peer::from_env(&|k| std::env::var(k).ok()).unwrap_or_else(|e| fail(2, e));
+    let workers = worker_count(&a);
     let (world, stride) = (peer.world, peer.world as u64);
+    let failed = |e: String| -> ! { fail(3, format!("rank {}: {e}", peer.rank)) };
     // Workers start before any thread of this process exists.
-    let mut loader = Loader::start(&a, workers, peer.rank as u64, stride)
-        .unwrap_or_else(|e| fail(3, format!("rank {}: {e}", peer.rank)));
+    let mut loader =
+        Loader::start(&a, workers, peer.rank as u64, stride).unwrap_or_else(|e| failed(e));
     let mut layers = model(&a);
     cap_threads_like_torch();
     // SAFETY: a C function without arguments.
@@ -294,214 +537,35 @@ fn main() {
         peer.rank,
         world
     );
-    let group = Group::join(&peer, Duration::from_secs(60))
-        .unwrap_or_else(|e| fail(3, format!("rank {}: {e}", peer.rank)));
+    let group = Group::join(&peer, Duration::from_secs(60)).unwrap_or_else(|e| failed(e));
     let (job_tx, job_rx) = mpsc::channel();
     let (done_tx, done_rx) = mpsc::channel();
     std::thread::spawn(move || comm_thread(group, job_rx, done_tx));
-    let comm_failed = |e: String| -> ! { fail(3, format!("rank {}: {e}", peer.rank)) };
     let send = |job: Job| {
         if job_tx.send(job).is_err() {
-            comm_failed("the communication thread stopped".into());
+            failed("the communication thread stopped".into());
         }
     };
     let receive = || -> (Vec<f32>, bool) {
         match done_rx.recv() {
             Ok(Ok(r)) => r,
-            Ok(Err(e)) => comm_failed(e),
-            Err(_) => comm_failed("the communication thread stopped".into()),
+            Ok(Err(e)) => failed(e),
+            Err(_) => failed("the communication thread stopped".into()),
         }
     };
-    let bucket_floats = a.bucket_kib * 256;
-    let b = a.batch;
     let (mut steps, mut checksum) = (0u64, 0f64);
     let mut start = Instant::now();
     loop {
         let index = steps * stride + peer.rank as u64;
         let input = loader
             .next(steps, index, stride)
-            .unwrap_or_else(|e| fail(3, format!("rank {}: {e}", peer.rank)));
-        // Forward: keep each layer's normalised output and activation, and
-        // its input where that is not the previous activation (the batch, or
-        // a pooled image).
-        let mut acts: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = Vec::with_capacity(layers.len());
-        let mut inputs: Vec<Option<Vec<f32>>> = Vec::with_capacity(layers.len());
-        let mut first = Some(input);
-        for (i, l) in layers.iter().enumerate() {
-            let s_prev = if i == 0 { a.size } else { layers[i - 1].s };
-            let mut own = first.take();
-            if l.pool_before {
-                let x = own.as_deref().unwrap_or_else(|| &acts[i - 1].1);
-                let mut p = buffer(b * l.s * l.s * l.cin);
-                // SAFETY: x holds b*s_prev^2*cin floats, p b*s^2*cin, s = s_prev/2.
-                unsafe { tw_pool2(x.as_ptr(), p.as_mut_ptr(), c(b), c(s_prev), c(l.cin)) };
-                own = Some(p);
-            }
-            let x = own.as_deref().unwrap_or_else(|| &acts[i - 1].1);
-            let pixels = b * l.s * l.s;
-            let n = (pixels * l.cout) as i64;
-            let mut y = buffer(pixels * l.cout);
-            let mut act = buffer(pixels * l.cout);
-            let (mut mean, mut inv) = (vec![0f32; l.cout], vec![0f32; l.cout]);
-            // SAFETY: the buffers have the sizes the kernels index (pixels*cin,
-            // 9*cin*cout, pixels*cout, cout) and cout <= the kernels' 1024.
-            unsafe {
-                tw_conv3x3(
-                    x.as_ptr(),
-                    l.w.as_ptr(),
-                    y.as_mut_ptr(),
-                    c(b),
-                    c(l.s),
-                    c(l.cin),
-                    c(l.cout),
-                );
-                tw_bn_stats(
-                    y.as_ptr(),
-                    pixels as i64,
-                    c(l.cout),
-                    mean.as_mut_ptr(),
-                    inv.as_mut_ptr(),
-                );
-                tw_bn_apply(
-                    y.as_mut_ptr(),
-                    pixels as i64,
-                    c(l.cout),
-                    mean.as_ptr(),
-                    inv.as_ptr(),
-                );
-            }
-            if l.residual {
-                // The block's input: the previous layer's input, same shape.
-                let r = inputs[i - 1].as_deref().unwrap_or_else(|| &acts[i - 2].1);
-                let mut z = buffer(pixels * l.cout);
-                // SAFETY: y, r and z all hold pixels*cout floats.
-                unsafe {
-                    tw_add(y.as_ptr(), r.as_ptr(), z.as_mut_ptr(), n);
-                    tw_relu(z.as_ptr(), act.as_mut_ptr(), n);
-                }
-            } else {
-                // SAFETY: y and act hold pixels*cout floats.
-                unsafe { tw_relu(y.as_ptr(), act.as_mut_ptr(), n) };
-            }
-            inputs.push(own);
-            acts.push((y, act, inv));
-        }
-        let x = &acts.last().expect("at least one layer").1;
-        // The loss's gradient, made from the last activation.
-        checksum += x.iter().take(16).map(|v| f64::from(*v)).sum::<f64>();
-        let mut g: Vec<f32> = x.iter().map(|v| v * 0.1 - 0.01).collect();
-        // Backward, last layer first; full buckets go to the communication
-        // thread while the earlier layers' gradients are computed.
-        let mut grads: Vec<Vec<f32>> = (0..layers.len()).map(|_| vec![]).collect();
-        let mut bucket: Vec<f32> = Vec::with_capacity(bucket_floats);
-        let mut bucket_layers: Vec<Vec<usize>> = vec![vec![]];
-        // The gradient a residual block sends straight to its input, added
-        // when backward reaches that input.
-        let mut shortcut: Option<Vec<f32>> = None;
-        for (i, l) in layers.iter().enumerate().rev() {
-            let (xhat, act, inv) = &acts[i];
-            let input = inputs[i].as_ref().unwrap_or_else(|| &acts[i - 1].1);
-            let pixels = b * l.s * l.s;
-            let n = (pixels * l.cout) as i64;
-            let mut gw = buffer(9 * l.cin * l.cout);
-            // SAFETY: as forward; g holds pixels*cout floats.
-            unsafe { tw_relu_back(act.as_ptr(), g.as_mut_ptr(), n) };
-            if l.residual {
-                shortcut = Some(g.clone());
-            }
-            // SAFETY: as forward.
-            unsafe {
-                tw_bn_back(
-                    xhat.as_ptr(),
-                    g.as_mut_ptr(),
-                    pixels as i64,
-                    c(l.cout),
-                    inv.as_ptr(),
-                );
-                tw_conv3x3_gradw(
-                    input.as_ptr(),
-                    g.as_ptr(),
-                    gw.as_mut_ptr(),
-                    c(b),
-                    c(l.s),
-                    c(l.cin),
-                    c(l.cout),
-                );
-            }
-            bucket.extend_from_slice(&gw);
-            bucket_layers.last_mut().expect("one open").push(i);
-            grads[i] = gw;
-            if bucket.len() >= bucket_floats {
-                let full = std::mem::replace(&mut bucket, Vec::with_capacity(bucket_floats));
-                send(Job::Bucket(full));
-                bucket_layers.push(vec![]);
-            }
-            if i == 0 {
-                break;
-            }
-            let mut wt = buffer(9 * l.cin * l.cout);
-            let mut gin = buffer(pixels * l.cin);
-            // SAFETY: wt is the flipped 9*cin*cout kernel; gin holds pixels*cin.
-            unsafe {
-                tw_flip(l.w.as_ptr(), wt.as_mut_ptr(), c(l.cin), c(l.cout));
-                tw_conv3x3(
-                    g.as_ptr(),
-                    wt.as_ptr(),
-                    gin.as_mut_ptr(),
-                    c(b),
-                    c(l.s),
-                    c(l.cout),
-                    c(l.cin),
-                );
-            }
-            // The first layer of a residual block (the one after it stashed
-            // the shortcut) takes the block's input: add the shortcut's gradient.
-            if !l.residual
-                && let Some(r) = shortcut.take()
-            {
-                // SAFETY: this layer's input is the block's input: same shape as r.
-                unsafe { tw_add(gin.as_ptr(), r.as_ptr(), gin.as_mut_ptr(), gin.len() as i64) };
-            }
-            g = gin;
-            if l.pool_before {
-                let up = layers[i - 1].s;
-                let mut gp = buffer(b * up * up * l.cin);
-                // SAFETY: g holds b*s^2*cin floats, gp b*(2s)^2*cin.
-                unsafe { tw_pool2_back(g.as_ptr(), gp.as_mut_ptr(), c(b), c(up), c(l.cin)) };
-                g = gp;
-            }
-        }
+            .unwrap_or_else(|e| failed(e));
+        let (acts, inputs) = forward(&layers, &a, input);
+        let last = &acts.last().expect("at least one layer").1;
+        checksum += last.iter().take(16).map(|v| f64::from(*v)).sum::<f64>();
+        let (mut grads, buckets) = backward(&layers, &a, &acts, &inputs, &send);
         drop((acts, inputs));
-        if !bucket.is_empty() {
-            send(Job::Bucket(bucket));
-        } else {
-            bucket_layers.pop();
-        }
-        // Wait for every bucket, average, and step the optimizer.
-        for members in &bucket_layers {
-            let (reduced, _) = receive();
-            let mut off = 0;
-            for &i in members {
-                let n = grads[i].len();
-                let scale = 1.0 / world as f32;
-                for (d, s) in grads[i].iter_mut().zip(&reduced[off..off + n]) {
-                    *d = s * scale;
-                }
-                off += n;
-            }
-        }
-        for (l, gw) in layers.iter_mut().zip(&grads) {
-            // SAFETY: w, mom and gw all hold 9*cin*cout floats.
-            unsafe {
-                tw_sgd(
-                    l.w.as_mut_ptr(),
-                    l.mom.as_mut_ptr(),
-                    gw.as_ptr(),
-                    gw.len() as i64,
-                    1e-4,
-                )
-            };
-        }
+        average_and_step(&mut layers, &mut grads, &buckets, world, &receive);
         if steps == a.warmup as u64 {
             start = Instant::now();
         }
@@ -517,7 +581,7 @@ fn main() {
     if peer.rank == 0 {
         let elapsed = start.elapsed().as_secs_f64();
         let counted = steps - a.warmup as u64;
-        let samples = (counted as usize * b * world) as f64;
+        let samples = (counted as usize * a.batch * world) as f64;
         println!(
             "throughput: {:.1} samples/s (world {world}, {threads} OpenMP threads and {workers} \
              data-loader workers per rank, {counted} steps in {elapsed:.2} s, checksum {:.3})",
