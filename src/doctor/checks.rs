@@ -13,15 +13,23 @@ pub(super) fn ranks(topo: &Topology, req: &Request) -> usize {
 }
 
 pub(super) fn threads(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
-    let n = ranks(topo, req);
+    out.push(omp_num_threads(sys, topo, ranks(topo, req)));
+    out.extend(cpu0_trap(sys));
+}
+
+/// OMP_NUM_THREADS against `n` ranks on the CPU budget.
+fn omp_num_threads(sys: &dyn Sys, topo: &Topology, n: usize) -> Finding {
     let budget = topo.cpu_budget;
     let cpus = topo.allowed_cpus.len();
     match sys.env("OMP_NUM_THREADS") {
         None => {
-            let sev = if n > 1 { Severity::Warn } else { Severity::Info };
+            let sev = if n > 1 {
+                Severity::Warn
+            } else {
+                Severity::Info
+            };
             let per = ((budget / n as f64).floor() as usize).max(1);
-            out.push(
-                Finding::new(
+            Finding::new(
                     "threads.unset",
                     Area::Threads,
                     sev,
@@ -34,50 +42,49 @@ pub(super) fn threads(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut V
                 ))
                 .fix(format!(
                     "threadwise run -n {n} -- CMD   # sets it per rank; or: export OMP_NUM_THREADS={per} MKL_NUM_THREADS={per}"
-                )),
-            );
+                ))
         }
         Some(v) => match v.trim().parse::<usize>() {
             Ok(t) if t >= 1 => {
                 let busy = t * n;
                 if busy as f64 > budget * 1.01 {
                     let per = ((budget / n as f64).floor() as usize).max(1);
-                    out.push(
-                        Finding::new(
-                            "threads.oversubscribed",
-                            Area::Threads,
-                            Severity::Warn,
-                            format!(
-                                "{n} rank(s) x OMP_NUM_THREADS={t} = {busy} threads on {budget:.2} CPUs"
-                            ),
-                        )
-                        .evidence(format!("OMP_NUM_THREADS={v}"))
-                        .fix(format!("export OMP_NUM_THREADS={per} MKL_NUM_THREADS={per}")),
-                    );
+                    Finding::new(
+                        "threads.oversubscribed",
+                        Area::Threads,
+                        Severity::Warn,
+                        format!(
+                            "{n} rank(s) x OMP_NUM_THREADS={t} = {busy} threads on {budget:.2} CPUs"
+                        ),
+                    )
+                    .evidence(format!("OMP_NUM_THREADS={v}"))
+                    .fix(format!(
+                        "export OMP_NUM_THREADS={per} MKL_NUM_THREADS={per}"
+                    ))
                 } else {
-                    out.push(
-                        Finding::new(
-                            "threads.set",
-                            Area::Threads,
-                            Severity::Ok,
-                            format!("OMP_NUM_THREADS={t} fits {n} rank(s) on {budget:.2} CPUs"),
-                        )
-                        .evidence(format!("OMP_NUM_THREADS={v}")),
-                    );
+                    Finding::new(
+                        "threads.set",
+                        Area::Threads,
+                        Severity::Ok,
+                        format!("OMP_NUM_THREADS={t} fits {n} rank(s) on {budget:.2} CPUs"),
+                    )
+                    .evidence(format!("OMP_NUM_THREADS={v}"))
                 }
             }
-            _ => out.push(
-                Finding::new(
-                    "threads.invalid",
-                    Area::Threads,
-                    Severity::Fail,
-                    "OMP_NUM_THREADS is not a positive number: OpenMP ignores it and uses every CPU",
-                )
-                .evidence(format!("OMP_NUM_THREADS={v:?}"))
-                .fix("export OMP_NUM_THREADS=1   # or unset it and use threadwise run"),
-            ),
+            _ => Finding::new(
+                "threads.invalid",
+                Area::Threads,
+                Severity::Fail,
+                "OMP_NUM_THREADS is not a positive number: OpenMP ignores it and uses every CPU",
+            )
+            .evidence(format!("OMP_NUM_THREADS={v:?}"))
+            .fix("export OMP_NUM_THREADS=1   # or unset it and use threadwise run"),
         },
     }
+}
+
+/// A variable that pins the main thread to one CPU at `import torch`.
+fn cpu0_trap(sys: &dyn Sys) -> Option<Finding> {
     // Variables that pin the main thread at `import torch`: DataLoader workers
     // inherit its one-CPU mask (PyTorch #107366, #101850).
     let traps: Vec<String> = ["KMP_AFFINITY", "GOMP_CPU_AFFINITY", "OMP_PROC_BIND"]
@@ -91,23 +98,24 @@ pub(super) fn threads(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut V
             pins.then(|| format!("{k}={v}"))
         })
         .collect();
-    if !traps.is_empty() {
-        let unset: Vec<&str> = traps.iter().filter_map(|t| t.split('=').next()).collect();
-        out.push(
-            Finding::new(
-                "threads.cpu0-trap",
-                Area::Threads,
-                Severity::Warn,
-                "a thread-affinity variable pins the main thread to one CPU at import torch; \
-                 DataLoader workers inherit that one-CPU mask",
-            )
-            .evidence(traps.join(" "))
-            .fix(format!(
-                "unset {}   # threadwise binds each rank to its cores instead",
-                unset.join(" ")
-            )),
-        );
+    if traps.is_empty() {
+        return None;
     }
+    let unset: Vec<&str> = traps.iter().filter_map(|t| t.split('=').next()).collect();
+    Some(
+        Finding::new(
+            "threads.cpu0-trap",
+            Area::Threads,
+            Severity::Warn,
+            "a thread-affinity variable pins the main thread to one CPU at import torch; \
+                 DataLoader workers inherit that one-CPU mask",
+        )
+        .evidence(traps.join(" "))
+        .fix(format!(
+            "unset {}   # threadwise binds each rank to its cores instead",
+            unset.join(" ")
+        )),
+    )
 }
 
 fn shm_need(topo: &Topology, req: &Request) -> u64 {
@@ -118,6 +126,13 @@ fn shm_need(topo: &Topology, req: &Request) -> u64 {
 }
 
 pub(super) fn container(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
+    cpu_limits(topo, out);
+    out.extend(shm(sys, topo, req));
+    rlimits(sys, topo, out);
+}
+
+/// The cgroup's CPU quota and cpuset, and GPUs the cpuset keeps away from.
+fn cpu_limits(topo: &Topology, out: &mut Vec<Finding>) {
     let visible = topo.allowed_cpus.len();
     if let Some(q) = topo.limits.cpu_quota
         && q + 0.01 < visible as f64
@@ -180,40 +195,47 @@ pub(super) fn container(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut
             }
         }
     }
-    if let Some(size) = sys.fs_size("/dev/shm") {
-        let need = shm_need(topo, req);
-        let gib = |b: u64| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64);
-        let (sev, title) = if size <= 64 * MIB {
-            (
-                Severity::Fail,
-                format!(
-                    "/dev/shm is {} MiB (Docker's default): DataLoader workers die with a bus error",
-                    size / MIB
-                ),
-            )
-        } else if size < need {
-            (
-                Severity::Warn,
-                format!(
-                    "/dev/shm is {}; {} DataLoader workers want about {}",
-                    gib(size),
-                    need / (128 * MIB),
-                    gib(need)
-                ),
-            )
-        } else {
-            (Severity::Ok, format!("/dev/shm is {}", gib(size)))
-        };
-        let mut f = Finding::new("container.shm", Area::Container, sev, title)
-            .evidence(format!("statvfs(/dev/shm): {size} bytes"));
-        if sev != Severity::Ok {
-            f = f.fix(format!(
-                "docker run --shm-size={0}g ...   # or: mount -o remount,size={0}G /dev/shm",
-                need.div_ceil(1 << 30).max(1)
-            ));
-        }
-        out.push(f);
+}
+
+/// /dev/shm against what the DataLoader workers need.
+fn shm(sys: &dyn Sys, topo: &Topology, req: &Request) -> Option<Finding> {
+    let size = sys.fs_size("/dev/shm")?;
+    let need = shm_need(topo, req);
+    let gib = |b: u64| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64);
+    let (sev, title) = if size <= 64 * MIB {
+        (
+            Severity::Fail,
+            format!(
+                "/dev/shm is {} MiB (Docker's default): DataLoader workers die with a bus error",
+                size / MIB
+            ),
+        )
+    } else if size < need {
+        (
+            Severity::Warn,
+            format!(
+                "/dev/shm is {}; {} DataLoader workers want about {}",
+                gib(size),
+                need / (128 * MIB),
+                gib(need)
+            ),
+        )
+    } else {
+        (Severity::Ok, format!("/dev/shm is {}", gib(size)))
+    };
+    let mut f = Finding::new("container.shm", Area::Container, sev, title)
+        .evidence(format!("statvfs(/dev/shm): {size} bytes"));
+    if sev != Severity::Ok {
+        f = f.fix(format!(
+            "docker run --shm-size={0}g ...   # or: mount -o remount,size={0}G /dev/shm",
+            need.div_ceil(1 << 30).max(1)
+        ));
     }
+    Some(f)
+}
+
+/// Open files and locked memory.
+fn rlimits(sys: &dyn Sys, topo: &Topology, out: &mut Vec<Finding>) {
     if let Some((soft, hard)) = sys.rlimit(Limit::OpenFiles)
         && soft < 4096
     {
@@ -386,6 +408,12 @@ fn jemalloc_keeps_pages(conf: &str) -> bool {
 }
 
 pub(super) fn allocator(sys: &dyn Sys, out: &mut Vec<Finding>) {
+    preload(sys, out);
+    installed(sys, out);
+}
+
+/// LD_PRELOAD: libraries that will not load, and jemalloc handing pages back.
+fn preload(sys: &dyn Sys, out: &mut Vec<Finding>) {
     if let Some(pre) = sys.env("LD_PRELOAD") {
         for entry in pre.split([' ', ':']).filter(|e| !e.is_empty()) {
             if let Some(why) = preload_problem(sys, entry) {
@@ -433,6 +461,10 @@ pub(super) fn allocator(sys: &dyn Sys, out: &mut Vec<Finding>) {
             )),
         );
     }
+}
+
+/// The allocators installed, and those not safe to preload.
+fn installed(sys: &dyn Sys, out: &mut Vec<Finding>) {
     let s = sys.allocators();
     if s.found.is_empty() {
         out.push(

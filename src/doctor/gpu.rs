@@ -7,63 +7,7 @@ use crate::topology::Topology;
 
 pub(super) fn gpu(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
     let pci = topo.gpus.len();
-    // CUDA_VISIBLE_DEVICES indices count among the GPUs the job can open.
-    let openable = topo
-        .gpu_access
-        .as_ref()
-        .map_or(pci, |a| a.on_bus - a.hidden.len());
-    if let Some(v) = sys.env("CUDA_VISIBLE_DEVICES") {
-        let items: Vec<&str> = v.split(',').map(str::trim).collect();
-        let f = if v.trim().is_empty() {
-            Finding::new(
-                "gpu.visible",
-                Area::Gpu,
-                Severity::Warn,
-                "CUDA_VISIBLE_DEVICES is empty: CUDA sees no GPU and training falls back to CPU",
-            )
-            .fix("unset CUDA_VISIBLE_DEVICES")
-        } else if items
-            .iter()
-            .all(|i| i.starts_with("GPU-") || i.starts_with("MIG-"))
-        {
-            Finding::new(
-                "gpu.visible",
-                Area::Gpu,
-                Severity::Ok,
-                "CUDA_VISIBLE_DEVICES names GPUs by UUID: resolved through /proc/driver/nvidia or NVML (threadwise topo shows each GPU's UUID)",
-            )
-        } else if let Some(bad) = items.iter().find(|i| i.parse::<usize>().is_err()) {
-            Finding::new(
-                "gpu.visible",
-                Area::Gpu,
-                Severity::Fail,
-                format!("CUDA_VISIBLE_DEVICES holds {bad:?}: CUDA stops at it and hides every GPU after it"),
-            )
-            .fix("export CUDA_VISIBLE_DEVICES=0,1   # indices or UUIDs, comma-separated")
-        } else if let Some(big) = items
-            .iter()
-            .filter_map(|i| i.parse::<usize>().ok())
-            .find(|i| *i >= openable && openable > 0)
-        {
-            Finding::new(
-                "gpu.visible",
-                Area::Gpu,
-                Severity::Fail,
-                format!(
-                    "CUDA_VISIBLE_DEVICES names GPU {big}, but the job can open {openable}: CUDA stops there"
-                ),
-            )
-            .fix("threadwise topo   # lists the GPUs this job can open, with the index each has inside it")
-        } else {
-            Finding::new(
-                "gpu.visible",
-                Area::Gpu,
-                Severity::Ok,
-                "CUDA_VISIBLE_DEVICES lists GPU indices",
-            )
-        };
-        out.push(f.evidence(format!("CUDA_VISIBLE_DEVICES={v:?}")));
-    }
+    out.extend(visible_devices(sys, topo));
     let nvml = sys.nvml();
     if pci == 0 && !nvml.loaded {
         out.push(
@@ -121,6 +65,68 @@ pub(super) fn gpu(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<F
             .fix("nvidia-smi -pm 1"),
         );
     }
+}
+
+/// CUDA_VISIBLE_DEVICES read as CUDA reads it: its indices count among the
+/// GPUs the job can open.
+fn visible_devices(sys: &dyn Sys, topo: &Topology) -> Option<Finding> {
+    let v = sys.env("CUDA_VISIBLE_DEVICES")?;
+    let openable = topo
+        .gpu_access
+        .as_ref()
+        .map_or(topo.gpus.len(), |a| a.on_bus - a.hidden.len());
+    let items: Vec<&str> = v.split(',').map(str::trim).collect();
+    let f = if v.trim().is_empty() {
+        Finding::new(
+            "gpu.visible",
+            Area::Gpu,
+            Severity::Warn,
+            "CUDA_VISIBLE_DEVICES is empty: CUDA sees no GPU and training falls back to CPU",
+        )
+        .fix("unset CUDA_VISIBLE_DEVICES")
+    } else if items
+        .iter()
+        .all(|i| i.starts_with("GPU-") || i.starts_with("MIG-"))
+    {
+        Finding::new(
+            "gpu.visible",
+            Area::Gpu,
+            Severity::Ok,
+            "CUDA_VISIBLE_DEVICES names GPUs by UUID: resolved through /proc/driver/nvidia or NVML (threadwise topo shows each GPU's UUID)",
+        )
+    } else if let Some(bad) = items.iter().find(|i| i.parse::<usize>().is_err()) {
+        Finding::new(
+            "gpu.visible",
+            Area::Gpu,
+            Severity::Fail,
+            format!(
+                "CUDA_VISIBLE_DEVICES holds {bad:?}: CUDA stops at it and hides every GPU after it"
+            ),
+        )
+        .fix("export CUDA_VISIBLE_DEVICES=0,1   # indices or UUIDs, comma-separated")
+    } else if let Some(big) = items
+        .iter()
+        .filter_map(|i| i.parse::<usize>().ok())
+        .find(|i| *i >= openable && openable > 0)
+    {
+        Finding::new(
+            "gpu.visible",
+            Area::Gpu,
+            Severity::Fail,
+            format!(
+                "CUDA_VISIBLE_DEVICES names GPU {big}, but the job can open {openable}: CUDA stops there"
+            ),
+        )
+        .fix("threadwise topo   # lists the GPUs this job can open, with the index each has inside it")
+    } else {
+        Finding::new(
+            "gpu.visible",
+            Area::Gpu,
+            Severity::Ok,
+            "CUDA_VISIBLE_DEVICES lists GPU indices",
+        )
+    };
+    Some(f.evidence(format!("CUDA_VISIBLE_DEVICES={v:?}")))
 }
 
 /// A link's width (`16`) or speed (`16.0 GT/s PCIe`, older kernels `8 GT/s`):

@@ -105,7 +105,13 @@ fn version_below(v: &str, major: u64, minor: u64) -> bool {
 }
 
 pub(crate) fn findings(p: &Probe, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
-    let n = super::checks::ranks(topo, req);
+    out.push(torch(p));
+    out.extend(openmp(p));
+    threads_and_cpus(p, topo, super::checks::ranks(topo, req), out);
+}
+
+/// Which torch imports, and whether it is as new as the guides ask.
+fn torch(p: &Probe) -> Finding {
     match (&p.torch, &p.torch_error) {
         (Some(v), _) => {
             let build = format!(
@@ -129,18 +135,20 @@ pub(crate) fn findings(p: &Probe, topo: &Topology, req: &Request, out: &mut Vec<
             if old {
                 f = f.fix("pip install -U 'torch>=2.1'");
             }
-            out.push(f);
+            f
         }
-        (None, e) => out.push(
-            Finding::new(
-                "python.torch",
-                Area::Python,
-                Severity::Info,
-                format!("torch does not import in Python {}", p.python),
-            )
-            .evidence(e.clone().unwrap_or_default()),
-        ),
+        (None, e) => Finding::new(
+            "python.torch",
+            Area::Python,
+            Severity::Info,
+            format!("torch does not import in Python {}", p.python),
+        )
+        .evidence(e.clone().unwrap_or_default()),
     }
+}
+
+/// The OpenMP runtimes a rank loads: one, or several fighting.
+fn openmp(p: &Probe) -> Option<Finding> {
     let kinds: Vec<&str> = p
         .openmp
         .iter()
@@ -162,7 +170,7 @@ pub(crate) fn findings(p: &Probe, topo: &Topology, req: &Request, out: &mut Vec<
     distinct.sort_unstable();
     distinct.dedup();
     if distinct.len() > 1 {
-        out.push(
+        Some(
             Finding::new(
                 "python.openmp",
                 Area::Python,
@@ -177,18 +185,22 @@ pub(crate) fn findings(p: &Probe, topo: &Topology, req: &Request, out: &mut Vec<
             .evidence(p.openmp.join(", "))
             .fix("install torch and numpy from one source (all pip, or all conda with the same OpenMP); \
                   conda: conda install nomkl, or pin intel-openmp/llvm-openmp to what torch uses"),
-        );
-    } else if let Some(k) = distinct.first() {
-        out.push(
+        )
+    } else {
+        distinct.first().map(|k| {
             Finding::new(
                 "python.openmp",
                 Area::Python,
                 Severity::Ok,
                 format!("one OpenMP runtime: {k}"),
             )
-            .evidence(p.openmp.join(", ")),
-        );
+            .evidence(p.openmp.join(", "))
+        })
     }
+}
+
+/// A rank's compute threads and os.cpu_count() against the CPU budget of `n` ranks.
+fn threads_and_cpus(p: &Probe, topo: &Topology, n: usize, out: &mut Vec<Finding>) {
     if let Some(t) = p.threads {
         let per = (topo.cpu_budget / n as f64).max(1.0);
         if t as f64 > per * 1.01 {
