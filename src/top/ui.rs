@@ -70,6 +70,25 @@ pub(crate) fn draw(f: &mut Frame, topo: &Topology, targets: &[Target], v: &View)
         .style(Style::default().add_modifier(Modifier::BOLD)),
         areas[0],
     );
+    f.render_widget(rank_table(v), areas[1]);
+    f.render_widget(
+        Paragraph::new(strip).block(
+            Block::default()
+                .borders(Borders::ALL)
+                .title(" CPUs: planned rank, busy (grey <20% green yellow red >90%) "),
+        ),
+        areas[2],
+    );
+    f.render_widget(
+        Paragraph::new(alert_lines(v))
+            .wrap(Wrap { trim: true })
+            .block(Block::default().borders(Borders::ALL).title(" alerts ")),
+        areas[3],
+    );
+}
+
+/// The ranks' table: a row a rank, red where it ran off its plan.
+fn rank_table(v: &View) -> Table<'static> {
     let header = Row::new([
         "rank",
         "pid",
@@ -141,21 +160,14 @@ pub(crate) fn draw(f: &mut Frame, topo: &Topology, targets: &[Target], v: &View)
         Constraint::Length(10),
         Constraint::Min(10),
     ];
-    f.render_widget(
-        Table::new(rows, widths)
-            .header(header)
-            .block(Block::default().borders(Borders::ALL).title(" ranks ")),
-        areas[1],
-    );
-    f.render_widget(
-        Paragraph::new(strip).block(
-            Block::default()
-                .borders(Borders::ALL)
-                .title(" CPUs: planned rank, busy (grey <20% green yellow red >90%) "),
-        ),
-        areas[2],
-    );
-    let alerts: Vec<Line> = if v.alerts.is_empty() {
+    Table::new(rows, widths)
+        .header(header)
+        .block(Block::default().borders(Borders::ALL).title(" ranks "))
+}
+
+/// The alerts, or "no alerts".
+fn alert_lines(v: &View) -> Vec<Line<'static>> {
+    if v.alerts.is_empty() {
         vec![Line::from("no alerts")]
     } else {
         v.alerts
@@ -170,13 +182,7 @@ pub(crate) fn draw(f: &mut Frame, topo: &Topology, targets: &[Target], v: &View)
                 ])
             })
             .collect()
-    };
-    f.render_widget(
-        Paragraph::new(alerts)
-            .wrap(Wrap { trim: true })
-            .block(Block::default().borders(Borders::ALL).title(" alerts ")),
-        areas[3],
-    );
+    }
 }
 
 /// Run the view until `q`, Esc, or `done()` (the watched run ended).

@@ -270,147 +270,209 @@ impl Session<'_> {
     }
 }
 
+/// The progress total, said again whenever it changes.
+struct Progress<'e> {
+    total: usize,
+    on_event: &'e mut dyn FnMut(Event),
+}
+
+impl Progress<'_> {
+    fn set(&mut self, total: usize) {
+        self.total = total;
+        (self.on_event)(Event::Start { total });
+    }
+    fn add(&mut self, n: usize) {
+        self.set(self.total + n);
+    }
+    fn less(&mut self, n: usize) {
+        self.set(self.total - n);
+    }
+}
+
 /// Run every configuration in `runs` rounds (after `warmup` rounds), each in a
 /// shuffled order; then, while the winner and the runner-up cannot be told
 /// apart, blocks of `runs` more rounds of the two and the reference, up to
 /// `max_runs` trials each.
 pub(crate) fn tune(
     configs: &[TuneConfig],
-    mut report: TuneReport,
+    report: TuneReport,
     opts: &TuneOptions,
     runner: &mut dyn TrialRunner,
     on_event: &mut dyn FnMut(Event),
 ) -> TuneReport {
-    let (configs, same) = merge_same_launch(configs, runner);
-    report.configs = configs
-        .iter()
-        .zip(same)
-        .map(|(c, same)| ConfigResult {
-            same_launch: same,
-            ..ConfigResult::new(&c.name, c.role, describe(c))
-        })
-        .collect();
-    report.baseline = configs
-        .iter()
-        .find(|c| c.role == Role::Baseline)
-        .or(configs.first())
-        .map(|c| c.name.clone());
-    report.runs = opts.runs;
-    report.warmup = opts.warmup;
-    report.order_seed = opts.seed;
-    // A close race is looked at after the base rounds and after each block
-    // of as many more: every interval is at the level that keeps the whole
-    // sequence of looks at 95%.
-    report.interval_level = stats::per_look_level(opts.max_runs.max(opts.runs).div_ceil(opts.runs));
-    let mut total = configs.len() * (opts.runs + opts.warmup);
+    let mut s = Session::start(configs, report, opts, runner);
+    let mut active: Vec<usize> = (0..s.configs.len()).collect();
+    let total = s.configs.len() * (opts.runs + opts.warmup);
     on_event(Event::Start { total });
-    let halving = match opts.strategy {
-        Strategy::Auto => configs.len() > 8,
-        s => s == Strategy::Halving,
+    let mut progress = Progress { total, on_event };
+    let Some(late) = s.base_rounds(&mut active, runner, &mut progress) else {
+        return s.report;
     };
-    let mut s = Session {
-        configs: configs.clone(),
-        opts,
-        report,
-        mode: None,
-        unit: None,
-        seq: 0,
-    };
-    let mut active: Vec<usize> = (0..configs.len()).collect();
-    let mut late: Option<usize> = None;
-    for round in 0..opts.warmup + opts.runs {
-        // Halving left one configuration (and no combination came): nothing
-        // to compare it with, so no more rounds.
-        if active.len() < 2 && active.len() < s.configs.len() && round > opts.warmup + 1 {
-            total = s
-                .report
-                .configs
-                .iter()
-                .map(|c| c.trials.len())
-                .sum::<usize>()
-                + opts.warmup * s.configs.len();
-            on_event(Event::Start { total });
-            break;
-        }
-        if !s.round(&active.clone(), round, runner, on_event) {
-            return s.report;
-        }
-        // One trial is no range: after the first measured round halving only
-        // drops what is far behind; from the second, what is clearly worse.
-        if round == opts.warmup && halving && round + 1 < opts.warmup + opts.runs {
-            let far = far_behind(&s.report, &active);
-            for &i in &far {
-                s.report.configs[i].dropped_after_round = Some(0);
-            }
-            active.retain(|i| !far.contains(i));
-            // The progress total loses the rounds they will not run.
-            total -= far.len() * (opts.warmup + opts.runs - round - 1);
-            on_event(Event::Start { total });
-        }
-        if round == opts.warmup + 1 {
-            if halving && round + 1 < opts.warmup + opts.runs {
-                let worse = clearly_worse(&s.report, &active);
-                for &i in &worse {
-                    s.report.configs[i].dropped_after_round = Some(round - opts.warmup);
-                }
-                active.retain(|i| !worse.contains(i));
-                total -= worse.len() * (opts.warmup + opts.runs - round - 1);
-                on_event(Event::Start { total });
-            }
-            if let Some(base) = &opts.combine {
-                late = s.combine(base, &mut active, &*runner);
-                if late.is_some() {
-                    total += opts.runs;
-                    on_event(Event::Start { total });
-                }
-            }
-        }
+    if let Some(c) = late
+        && s.late_rounds(c, runner, &mut progress).is_none()
+    {
+        return s.report;
     }
-    // A combination that joined late runs on beside the winner until it has
-    // as many trials as the others.
-    if let Some(c) = late {
-        let mut round = opts.warmup + opts.runs;
-        while s.report.configs[c].trials.len() < opts.runs {
-            let winner = s.report.index_of(s.report.winner.as_ref());
-            let mut which = vec![c];
-            which.extend(winner.filter(|w| *w != c));
-            which.extend(s.reference().filter(|x| !which.contains(x)));
-            total += which.len().saturating_sub(1);
-            on_event(Event::Start { total });
-            if !s.round(&which, round, runner, on_event) {
-                return s.report;
-            }
-            round += 1;
-        }
-    }
-    let first_extra = opts.warmup
-        + s.report
-            .configs
-            .iter()
-            .map(|c| c.trials.len())
-            .max()
-            .unwrap_or(0);
-    // More rounds for a close race, in blocks of --runs: the intervals'
-    // level counts on looks at block ends only.
-    let last = opts.warmup + opts.max_runs.max(opts.runs);
-    let mut round = first_extra;
-    while round < last {
-        let close = s.close_race(&active);
-        if close.len() < 2 {
-            break;
-        }
-        let block = opts.runs.min(last - round);
-        total += close.len() * block;
-        on_event(Event::Start { total });
-        for _ in 0..block {
-            if !s.round(&close, round, runner, on_event) {
-                return s.report;
-            }
-            round += 1;
-        }
+    if s.close_race_rounds(&active, runner, &mut progress)
+        .is_none()
+    {
+        return s.report;
     }
     s.report.complete = true;
     finish(&mut s.report);
-    on_event(Event::Updated(&s.report));
+    (progress.on_event)(Event::Updated(&s.report));
     s.report
+}
+
+impl<'a> Session<'a> {
+    /// The session over `configs`, those that launch alike merged, the
+    /// report's frame filled in.
+    fn start(
+        configs: &[TuneConfig],
+        mut report: TuneReport,
+        opts: &'a TuneOptions,
+        runner: &dyn TrialRunner,
+    ) -> Session<'a> {
+        let (configs, same) = merge_same_launch(configs, runner);
+        report.configs = configs
+            .iter()
+            .zip(same)
+            .map(|(c, same)| ConfigResult {
+                same_launch: same,
+                ..ConfigResult::new(&c.name, c.role, describe(c))
+            })
+            .collect();
+        report.baseline = configs
+            .iter()
+            .find(|c| c.role == Role::Baseline)
+            .or(configs.first())
+            .map(|c| c.name.clone());
+        report.runs = opts.runs;
+        report.warmup = opts.warmup;
+        report.order_seed = opts.seed;
+        // A close race is looked at after the base rounds and after each block
+        // of as many more: every interval is at the level that keeps the whole
+        // sequence of looks at 95%.
+        report.interval_level =
+            stats::per_look_level(opts.max_runs.max(opts.runs).div_ceil(opts.runs));
+        Session {
+            configs,
+            opts,
+            report,
+            mode: None,
+            unit: None,
+            seq: 0,
+        }
+    }
+
+    /// The base rounds, halving dropping configurations as it goes and the
+    /// default search adding its combination after the second measured
+    /// round; returns the combination that joined late, None if interrupted.
+    fn base_rounds(
+        &mut self,
+        active: &mut Vec<usize>,
+        runner: &mut dyn TrialRunner,
+        p: &mut Progress,
+    ) -> Option<Option<usize>> {
+        let opts = self.opts;
+        let rounds = opts.warmup + opts.runs;
+        let halving = match opts.strategy {
+            Strategy::Auto => self.configs.len() > 8,
+            s => s == Strategy::Halving,
+        };
+        let mut late: Option<usize> = None;
+        for round in 0..rounds {
+            // Halving left one configuration (and no combination came): nothing
+            // to compare it with, so no more rounds.
+            if active.len() < 2 && active.len() < self.configs.len() && round > opts.warmup + 1 {
+                let done: usize = self.report.configs.iter().map(|c| c.trials.len()).sum();
+                p.set(done + opts.warmup * self.configs.len());
+                break;
+            }
+            if !self.round(&active.clone(), round, runner, p.on_event) {
+                return None;
+            }
+            let left = rounds - round - 1;
+            // One trial is no range: after the first measured round halving only
+            // drops what is far behind; from the second, what is clearly worse.
+            if round == opts.warmup && halving && left > 0 {
+                let far = far_behind(&self.report, active);
+                for &i in &far {
+                    self.report.configs[i].dropped_after_round = Some(0);
+                }
+                active.retain(|i| !far.contains(i));
+                // The progress total loses the rounds they will not run.
+                p.less(far.len() * left);
+            }
+            if round == opts.warmup + 1 {
+                if halving && left > 0 {
+                    let worse = clearly_worse(&self.report, active);
+                    for &i in &worse {
+                        self.report.configs[i].dropped_after_round = Some(round - opts.warmup);
+                    }
+                    active.retain(|i| !worse.contains(i));
+                    p.less(worse.len() * left);
+                }
+                if let Some(base) = &opts.combine {
+                    late = self.combine(base, active, &*runner);
+                    if late.is_some() {
+                        p.add(opts.runs);
+                    }
+                }
+            }
+        }
+        Some(late)
+    }
+
+    /// A combination that joined late runs on beside the winner until it has
+    /// as many trials as the others; None if interrupted.
+    fn late_rounds(
+        &mut self,
+        c: usize,
+        runner: &mut dyn TrialRunner,
+        p: &mut Progress,
+    ) -> Option<()> {
+        let mut round = self.opts.warmup + self.opts.runs;
+        while self.report.configs[c].trials.len() < self.opts.runs {
+            let winner = self.report.index_of(self.report.winner.as_ref());
+            let mut which = vec![c];
+            which.extend(winner.filter(|w| *w != c));
+            which.extend(self.reference().filter(|x| !which.contains(x)));
+            p.add(which.len().saturating_sub(1));
+            if !self.round(&which, round, runner, p.on_event) {
+                return None;
+            }
+            round += 1;
+        }
+        Some(())
+    }
+
+    /// More rounds for a close race, in blocks of --runs: the intervals'
+    /// level counts on looks at block ends only. None if interrupted.
+    fn close_race_rounds(
+        &mut self,
+        active: &[usize],
+        runner: &mut dyn TrialRunner,
+        p: &mut Progress,
+    ) -> Option<()> {
+        let opts = self.opts;
+        let measured = self.report.configs.iter().map(|c| c.trials.len()).max();
+        let last = opts.warmup + opts.max_runs.max(opts.runs);
+        let mut round = opts.warmup + measured.unwrap_or(0);
+        while round < last {
+            let close = self.close_race(active);
+            if close.len() < 2 {
+                break;
+            }
+            let block = opts.runs.min(last - round);
+            p.add(close.len() * block);
+            for _ in 0..block {
+                if !self.round(&close, round, runner, p.on_event) {
+                    return None;
+                }
+                round += 1;
+            }
+        }
+        Some(())
+    }
 }
