@@ -61,103 +61,116 @@ fn parse_spec(text: &str) -> Result<Spec, TopologyError> {
         let (key, val) = tok
             .split_once(':')
             .ok_or_else(|| err(format!("{tok:?} is not key:value")))?;
-        let count = || -> Result<usize, TopologyError> {
-            match val.parse::<usize>() {
-                Ok(n) if (1..=MAX_CPU).contains(&n) => Ok(n),
-                _ => Err(err(format!(
-                    "{key}:{val}: expected a count from 1 to {MAX_CPU}"
-                ))),
-            }
-        };
-        match key {
-            "package" | "socket" => s.package = count()?,
-            "numa" | "node" => s.numa = count()?,
-            "l3" => s.l3 = count()?,
-            "core" => s.core = count()?,
-            "pu" | "thread" => s.pu = count()?,
-            "gpu" => s.gpus = count()?,
-            "nic" => s.nics = count()?,
-            "gpu-nodes" => {
-                let nodes: Result<Vec<usize>, _> = val.split(',').map(str::parse).collect();
-                s.gpu_nodes = Some(
-                    nodes.map_err(|_| err(format!("gpu-nodes:{val}: not a list of node ids")))?,
-                );
-            }
-            "mem" => {
-                s.mem =
-                    parse_size(val).ok_or_else(|| err(format!("mem:{val}: not a size like 64G")))?
-            }
-            "numbering" => {
-                s.compact = match val {
-                    "compact" => true,
-                    "linux" => false,
-                    _ => return Err(err(format!("numbering:{val}: expected linux or compact"))),
-                }
-            }
-            "allowed" => s.allowed = Some(CpuSet::parse_list(val).map_err(|e| err(e.to_string()))?),
-            "quota" => {
-                s.quota = Some(
-                    val.parse::<f64>()
-                        .ok()
-                        .filter(|q| *q > 0.0 && q.is_finite())
-                        .ok_or_else(|| err(format!("quota:{val}: expected a positive number")))?,
-                )
-            }
-            _ => {
-                return Err(err(format!(
-                    "unknown key {key:?}; keys: package numa l3 core pu gpu gpu-nodes nic mem numbering allowed quota"
-                )));
+        set_key(&mut s, key, val).map_err(err)?;
+    }
+    check_spec(&mut s).map_err(err)?;
+    Ok(s)
+}
+
+/// One `key:value` of the description into the spec.
+fn set_key(s: &mut Spec, key: &str, val: &str) -> Result<(), String> {
+    let count = || -> Result<usize, String> {
+        match val.parse::<usize>() {
+            Ok(n) if (1..=MAX_CPU).contains(&n) => Ok(n),
+            _ => Err(format!("{key}:{val}: expected a count from 1 to {MAX_CPU}")),
+        }
+    };
+    match key {
+        "package" | "socket" => s.package = count()?,
+        "numa" | "node" => s.numa = count()?,
+        "l3" => s.l3 = count()?,
+        "core" => s.core = count()?,
+        "pu" | "thread" => s.pu = count()?,
+        "gpu" => s.gpus = count()?,
+        "nic" => s.nics = count()?,
+        "gpu-nodes" => {
+            let nodes: Result<Vec<usize>, _> = val.split(',').map(str::parse).collect();
+            s.gpu_nodes =
+                Some(nodes.map_err(|_| format!("gpu-nodes:{val}: not a list of node ids"))?);
+        }
+        "mem" => {
+            s.mem = parse_size(val).ok_or_else(|| format!("mem:{val}: not a size like 64G"))?
+        }
+        "numbering" => {
+            s.compact = match val {
+                "compact" => true,
+                "linux" => false,
+                _ => return Err(format!("numbering:{val}: expected linux or compact")),
             }
         }
+        "allowed" => s.allowed = Some(CpuSet::parse_list(val).map_err(|e| e.to_string())?),
+        "quota" => {
+            s.quota = Some(
+                val.parse::<f64>()
+                    .ok()
+                    .filter(|q| *q > 0.0 && q.is_finite())
+                    .ok_or_else(|| format!("quota:{val}: expected a positive number"))?,
+            )
+        }
+        _ => {
+            return Err(format!(
+                "unknown key {key:?}; keys: package numa l3 core pu gpu gpu-nodes nic mem numbering allowed quota"
+            ));
+        }
     }
+    Ok(())
+}
+
+/// What the keys allow together: the CPU, node and device counts, the GPUs' nodes.
+fn check_spec(s: &mut Spec) -> Result<(), String> {
     let total = [s.package, s.numa, s.l3, s.core, s.pu]
         .iter()
         .try_fold(1usize, |a, b| a.checked_mul(*b))
         .filter(|n| *n <= MAX_CPU)
-        .ok_or_else(|| err(format!("more than {MAX_CPU} CPUs")))?;
+        .ok_or_else(|| format!("more than {MAX_CPU} CPUs"))?;
     let _ = total;
     let nodes = s.package * s.numa;
     if nodes > super::MAX_NODES {
-        return Err(err(format!(
-            "{nodes} NUMA nodes: at most {}",
-            super::MAX_NODES
-        )));
+        return Err(format!("{nodes} NUMA nodes: at most {}", super::MAX_NODES));
     }
     if s.gpus > super::MAX_DEVICES || s.nics > super::MAX_DEVICES {
-        return Err(err(format!(
+        return Err(format!(
             "at most {} GPUs and {} NICs",
             super::MAX_DEVICES,
             super::MAX_DEVICES
-        )));
+        ));
     }
     if let Some(g) = &s.gpu_nodes {
         if s.gpus == 0 {
             s.gpus = g.len();
         }
         if g.len() != s.gpus {
-            return Err(err(format!(
+            return Err(format!(
                 "gpu-nodes lists {} nodes for {} GPUs",
                 g.len(),
                 s.gpus
-            )));
+            ));
         }
         if let Some(bad) = g.iter().find(|n| **n >= nodes) {
-            return Err(err(format!(
+            return Err(format!(
                 "gpu-nodes names node {bad}; nodes are 0-{}",
                 nodes - 1
-            )));
+            ));
         }
     }
     if s.gpus > 256 || s.nics > 256 {
-        return Err(err("at most 256 GPUs and 256 NICs".into()));
+        return Err("at most 256 GPUs and 256 NICs".into());
     }
-    Ok(s)
+    Ok(())
 }
 
 /// Build the topology a description names.
 pub fn parse(text: &str) -> Result<Topology, TopologyError> {
     let s = parse_spec(text)?;
     let mut t = Topology::empty(format!("synthetic:{text}"));
+    cpus_and_nodes(&s, &mut t);
+    devices_and_limits(&s, &mut t);
+    t.finish();
+    Ok(t)
+}
+
+/// Cores, L3 groups, NUMA nodes, packages and their distances.
+fn cpus_and_nodes(s: &Spec, t: &mut Topology) {
     let nodes = s.package * s.numa;
     let cores_per_node = s.l3 * s.core;
     let total_cores = nodes * cores_per_node;
@@ -219,25 +232,27 @@ pub fn parse(text: &str) -> Result<Topology, TopologyError> {
                 .collect(),
         });
     }
+}
+
+/// GPUs and NICs spread over the nodes (or on the nodes named), the cgroup limits.
+fn devices_and_limits(s: &Spec, t: &mut Topology) {
+    let nodes = s.package * s.numa;
     let place = |i: usize, n: usize, explicit: Option<&Vec<usize>>| {
         explicit.map_or(i * nodes / n.max(1), |v| v[i])
     };
     for i in 0..s.gpus {
         let node = place(i, s.gpus, s.gpu_nodes.as_ref());
-        t.gpus.push(device(&t, i + 1, node, "0x10de", "0x030200"));
+        t.gpus.push(device(t, i + 1, node, "0x10de", "0x030200"));
     }
     for i in 0..s.nics {
         let node = place(i, s.nics, None);
-        t.nics
-            .push(device(&t, 0x81 + i, node, "0x15b3", "0x020700"));
+        t.nics.push(device(t, 0x81 + i, node, "0x15b3", "0x020700"));
     }
     t.limits.cgroup_cpuset = s.allowed.clone();
     t.limits.cpu_quota = s.quota;
     if s.allowed.is_some() || s.quota.is_some() {
         t.limits.cgroup_version = Some(super::CgroupVersion::Synthetic);
     }
-    t.finish();
-    Ok(t)
 }
 
 fn device(t: &Topology, bus: usize, node: usize, vendor: &str, class: &str) -> PciDevice {
