@@ -12,6 +12,7 @@ use std::time::Duration;
 use super::cluster::{AgentConfig, ClusterError};
 use super::output::OutputOptions;
 use super::prepare::{self, ErrorFiles, PrepareError};
+use super::report;
 use super::supervise::{self, Peer, RunOptions, Spawned};
 use super::{LaunchError, RankLaunch, node_launches};
 use crate::plan::Plan;
@@ -140,9 +141,9 @@ pub(crate) fn before_start(s: &RunSettings, launches: &[RankLaunch]) {
 /// What the user sees at the end of a one-node job, and its exit code.
 fn finish(s: &RunSettings, outcome: &supervise::Outcome, errors: &ErrorFiles) -> i32 {
     if !s.quiet {
-        crate::say_text!(supervise::summary(outcome));
+        crate::say_text!(report::summary(outcome));
     }
-    if let Some(report) = supervise::failure_report(outcome, Some(&errors.dir)) {
+    if let Some(report) = report::failure_report(outcome, Some(&errors.dir)) {
         crate::say_text!(report);
     } else if let Some(sig) = outcome.signal {
         crate::say!("threadwise: stopped by {}", crate::os::signal_name(sig));

@@ -12,6 +12,7 @@ pub(crate) mod job;
 pub(crate) mod machine;
 pub(crate) mod output;
 pub(crate) mod prepare;
+pub(crate) mod report;
 pub(crate) mod signals;
 pub(crate) mod supervise;
 pub(crate) mod workers;

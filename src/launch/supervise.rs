@@ -383,6 +383,106 @@ impl Watch {
     }
 }
 
+impl Watch {
+    /// Watching the ranks just spawned (`children`, in `ranks`' order).
+    fn new(
+        ranks: &[RankLaunch],
+        children: &[(std::process::Child, Logs)],
+        opts: &RunOptions,
+        start: Instant,
+        fork_rss_kib: i64,
+    ) -> Watch {
+        Watch {
+            running: children
+                .iter()
+                .zip(ranks)
+                .map(|((c, _), l)| Running {
+                    pid: c.id() as i32,
+                    started: Instant::now(),
+                    result: None,
+                    hwm_kib: None,
+                    mover: l
+                        .worker_mask
+                        .clone()
+                        .filter(|_| opts.move_workers)
+                        .map(super::workers::Mover::new),
+                })
+                .collect(),
+            machine: Machine::new(ranks.len(), opts.grace, opts.timeout.map(|t| start + t)),
+            fork_rss_kib,
+        }
+    }
+}
+
+/// Wait for signals, ends and ticks until the machine is done; sample the
+/// ranks' memory and move their workers as it goes.
+fn supervise(w: &mut Watch, ranks: &[RankLaunch], opts: &RunOptions, signals: &SignalPipe) {
+    let mut next_sample = Instant::now() + Duration::from_millis(10);
+    let mut told = false;
+    while !w.machine.done() {
+        let until_sample = next_sample
+            .saturating_duration_since(Instant::now())
+            .as_millis() as i32;
+        let wait = match w.machine.wait_ms(Instant::now()) {
+            -1 => until_sample,
+            ms => ms.min(until_sample),
+        };
+        let got = signals.wait(wait.max(0));
+        if Instant::now() >= next_sample {
+            w.sample();
+            next_sample = Instant::now() + SAMPLE;
+        }
+        for (pid, status, ru) in reap() {
+            w.on_exit(ranks, pid, status, &ru);
+        }
+        for sig in got {
+            w.event(Event::Signal(sig));
+        }
+        w.event(Event::Tick);
+        if let Some(peer) = &opts.peer {
+            tell_peer(peer.as_ref(), w, &mut told);
+        }
+    }
+}
+
+/// Whatever the ranks left behind: their groups, the job cgroup, then
+/// re-parented orphans.
+fn clean_up(w: &Watch, cgroup: Option<JobCgroup>) {
+    for r in &w.running {
+        os::kill_group(r.pid, libc::SIGKILL);
+    }
+    if let Some(cg) = &cgroup {
+        cg.kill();
+    }
+    kill_orphans(cgroup.as_ref().and_then(JobCgroup::watchdog_pid));
+    drop(cgroup);
+}
+
+/// The run's end, from the machine and the output pumps.
+fn outcome(w: Watch, tails: &[Tail], state: &OutputState, start: Instant) -> Outcome {
+    Outcome {
+        results: w.running.into_iter().filter_map(|r| r.result).collect(),
+        first_failure: w.machine.first_failure(),
+        signal: w.machine.user_signal(),
+        tails: tails
+            .iter()
+            .map(|t| {
+                t.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .cloned()
+                    .collect()
+            })
+            .collect(),
+        wall: start.elapsed(),
+        timed_out: w.machine.timed_out(),
+        log_errors: std::mem::take(
+            &mut *state.log_errors.lock().unwrap_or_else(|e| e.into_inner()),
+        ),
+        split_lines: state.split_lines.load(std::sync::atomic::Ordering::Relaxed),
+    }
+}
+
 /// Start every rank and supervise them to the end.
 pub(crate) fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, LaunchError> {
     let signals = SignalPipe::get().map_err(|source| LaunchError::Spawn {
@@ -411,85 +511,13 @@ pub(crate) fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, La
             .collect();
         f(&pids);
     }
-    let mut w = Watch {
-        running: children
-            .iter()
-            .zip(ranks)
-            .map(|((c, _), l)| Running {
-                pid: c.id() as i32,
-                started: Instant::now(),
-                result: None,
-                hwm_kib: None,
-                mover: l
-                    .worker_mask
-                    .clone()
-                    .filter(|_| opts.move_workers)
-                    .map(super::workers::Mover::new),
-            })
-            .collect(),
-        machine: Machine::new(ranks.len(), opts.grace, opts.timeout.map(|t| start + t)),
-        fork_rss_kib,
-    };
+    let mut w = Watch::new(ranks, &children, opts, start, fork_rss_kib);
     let state = Arc::new(OutputState::default());
     let (pumps, tails) = start_pumps(ranks, &mut children, opts, &state);
-    let mut next_sample = Instant::now() + Duration::from_millis(10);
-    let mut told = false;
-    while !w.machine.done() {
-        let until_sample = next_sample
-            .saturating_duration_since(Instant::now())
-            .as_millis() as i32;
-        let wait = match w.machine.wait_ms(Instant::now()) {
-            -1 => until_sample,
-            ms => ms.min(until_sample),
-        };
-        let got = signals.wait(wait.max(0));
-        if Instant::now() >= next_sample {
-            w.sample();
-            next_sample = Instant::now() + SAMPLE;
-        }
-        for (pid, status, ru) in reap() {
-            w.on_exit(ranks, pid, status, &ru);
-        }
-        for sig in got {
-            w.event(Event::Signal(sig));
-        }
-        w.event(Event::Tick);
-        if let Some(peer) = &opts.peer {
-            tell_peer(peer.as_ref(), &mut w, &mut told);
-        }
-    }
-    // Whatever the ranks left behind: their groups, the job cgroup, then
-    // re-parented orphans.
-    for r in &w.running {
-        os::kill_group(r.pid, libc::SIGKILL);
-    }
-    if let Some(cg) = &cgroup {
-        cg.kill();
-    }
-    kill_orphans(cgroup.as_ref().and_then(JobCgroup::watchdog_pid));
-    drop(cgroup);
+    supervise(&mut w, ranks, opts, signals);
+    clean_up(&w, cgroup);
     join_within(pumps, Duration::from_secs(2));
-    Ok(Outcome {
-        results: w.running.into_iter().filter_map(|r| r.result).collect(),
-        first_failure: w.machine.first_failure(),
-        signal: w.machine.user_signal(),
-        tails: tails
-            .iter()
-            .map(|t| {
-                t.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .iter()
-                    .cloned()
-                    .collect()
-            })
-            .collect(),
-        wall: start.elapsed(),
-        timed_out: w.machine.timed_out(),
-        log_errors: std::mem::take(
-            &mut *state.log_errors.lock().unwrap_or_else(|e| e.into_inner()),
-        ),
-        split_lines: state.split_lines.load(std::sync::atomic::Ordering::Relaxed),
-    })
+    Ok(outcome(w, &tails, &state, start))
 }
 
 /// Tell the other nodes of our first failure once; stop if the job ended
@@ -524,86 +552,4 @@ fn join_within(handles: Vec<JoinHandle<()>>, limit: Duration) {
         let _ = tx.send(());
     });
     let _ = rx.recv_timeout(limit);
-}
-
-/// The end-of-run summary, one line per rank.
-pub(crate) fn summary(o: &Outcome) -> String {
-    let mut s = format!(
-        "threadwise: {} rank(s) in {:.2} s\n{:<5} {:>8}  {:<34} {:>9} {:>9} {:>10} {:>9} {:>9}\n",
-        o.results.len(),
-        o.wall.as_secs_f64(),
-        "rank",
-        "pid",
-        "end",
-        "wall s",
-        "cpu s",
-        "max rss",
-        "vol cs",
-        "invol cs"
-    );
-    for r in &o.results {
-        s.push_str(&format!(
-            "{:<5} {:>8}  {:<34} {:>9.2} {:>9.2} {:>6.1} MiB {:>9} {:>9}\n",
-            r.local_rank,
-            r.pid,
-            r.exit.describe(),
-            r.wall.as_secs_f64(),
-            r.cpu.as_secs_f64(),
-            r.max_rss_kib as f64 / 1024.0,
-            r.voluntary_cs,
-            r.involuntary_cs
-        ));
-    }
-    s
-}
-
-/// What to say about a failure: which rank, its pid, how, and its stderr tail.
-/// With `errors`, the directory of the ranks' TORCHELASTIC_ERROR_FILEs: the
-/// exception the failing rank recorded is its root cause, as torchrun says.
-pub(crate) fn failure_report(o: &Outcome, errors: Option<&std::path::Path>) -> Option<String> {
-    failure_report_on(o, errors, None)
-}
-
-/// `failure_report`; on one node of many (`host`) the line names the host
-/// and calls the rank local: "host1: error: local rank 1 (pid ...)".
-pub(crate) fn failure_report_on(
-    o: &Outcome,
-    errors: Option<&std::path::Path>,
-    host: Option<&str>,
-) -> Option<String> {
-    let i = o.first_failure?;
-    let r = &o.results[i];
-    let who = match host {
-        Some(h) => format!("{h}: error: local rank"),
-        None => "error: rank".into(),
-    };
-    let mut s = format!(
-        "{who} {} (pid {}) {}\n",
-        r.local_rank,
-        r.pid,
-        r.exit.describe()
-    );
-    let recorded = errors.and_then(|d| {
-        let f = super::env::error_file(d, r.local_rank);
-        Some((super::env::recorded_error(&f)?, f))
-    });
-    let tail = o.tails.get(i).cloned().unwrap_or_default();
-    if let Some((cause, file)) = recorded {
-        s.push_str(&format!(
-            "root cause (recorded by rank {} in {}):\n",
-            r.local_rank,
-            file.display()
-        ));
-        for l in cause.lines() {
-            s.push_str(&format!("  | {l}\n"));
-        }
-    } else if tail.is_empty() {
-        s.push_str("  (its stderr was empty)\n");
-    } else {
-        s.push_str(&format!("last {} line(s) of its stderr:\n", tail.len()));
-        for l in tail {
-            s.push_str(&format!("  | {l}\n"));
-        }
-    }
-    Some(s)
 }

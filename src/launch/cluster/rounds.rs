@@ -12,6 +12,7 @@ use crate::launch::env::Job;
 use crate::launch::job::{ClusterSettings, JobError, RunSettings, before_start, supervise_node};
 use crate::launch::output::LineSink;
 use crate::launch::prepare::{self, ErrorFiles};
+use crate::launch::report;
 use crate::launch::supervise::{self, Peer};
 use crate::launch::{RankLaunch, plan_launches};
 use crate::measure::throughput::{Hit, Metric};
@@ -251,9 +252,9 @@ impl Rounds<'_> {
         match outcome {
             Ok(o) => {
                 if !run.quiet {
-                    crate::say_text!(supervise::summary(&o));
+                    crate::say_text!(report::summary(&o));
                 }
-                if let Some(r) = supervise::failure_report_on(&o, Some(&errors.dir), Some(&host)) {
+                if let Some(r) = report::failure_report_on(&o, Some(&errors.dir), Some(&host)) {
                     self.failures.push(r);
                 }
                 for (file, why) in &o.log_errors {
