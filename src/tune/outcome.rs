@@ -237,11 +237,47 @@ fn compare(report: &mut TuneReport) {
             };
         }
     }
-    // The leader: the highest speed-up (without a reference, median) among
-    // configurations still measured; a dropped one lost when both had as many
-    // trials, and is only a candidate when nothing else is.
+    let Some(winner) = choose_winner(report, &rounds, reference.is_some()) else {
+        report.winner = None;
+        report.tie = None;
+        return;
+    };
+    for (i, c) in report.configs.iter_mut().enumerate() {
+        c.vs_winner = (i != winner)
+            .then(|| stats::paired(&rounds[i], &rounds[winner], level))
+            .flatten();
+        // One round beside the winner is no interval: no mark either way.
+        c.indistinguishable_from_winner = c
+            .vs_winner
+            .as_ref()
+            .is_some_and(|p| p.ratios.len() >= 2 && p.verdict() == Verdict::NotDistinguishable);
+    }
+    report.drift = machine_drift(report);
+    report
+        .warnings
+        .retain(|w| !matches!(w, Warning::Drift { .. }));
+    if let Some(d) = report.drift {
+        report.warnings.push(Warning::Drift { ratio: d.ratio });
+    }
+    gpu_shared_warning(report);
+}
+
+/// The winner's index, the tie (if any) written into the report.
+///
+/// The leader: the highest speed-up (without a reference, median) among
+/// configurations still measured; a dropped one lost when both had as many
+/// trials, and is only a candidate when nothing else is. Tied with the
+/// leader: measured beside it in two rounds at least (a configuration that
+/// never was cannot be compared) and its paired interval holds 1.00; the
+/// tie rule picks among them.
+fn choose_winner(
+    report: &mut TuneReport,
+    rounds: &[Vec<Option<f64>>],
+    has_reference: bool,
+) -> Option<usize> {
+    let level = report.interval_level;
     let score = |c: &ConfigResult| {
-        if reference.is_some() {
+        if has_reference {
             c.speedup
         } else {
             c.throughput.map(|t| t.median)
@@ -254,14 +290,7 @@ fn compare(report: &mut TuneReport) {
             .max_by(|a, b| a.1.total_cmp(&b.1))
             .map(|(i, _)| i)
     };
-    let Some(leader) = best(false).or_else(|| best(true)) else {
-        report.winner = None;
-        report.tie = None;
-        return;
-    };
-    // Tied with the leader: measured beside it in two rounds at least (a
-    // configuration that never was cannot be compared) and its paired
-    // interval holds 1.00.
+    let leader = best(false).or_else(|| best(true))?;
     let mut tied: Vec<usize> = (0..report.configs.len())
         .filter(|&i| {
             i == leader
@@ -286,23 +315,11 @@ fn compare(report: &mut TuneReport) {
             .collect(),
         rule: TIE_RULE.into(),
     });
-    for (i, c) in report.configs.iter_mut().enumerate() {
-        c.vs_winner = (i != winner)
-            .then(|| stats::paired(&rounds[i], &rounds[winner], level))
-            .flatten();
-        // One round beside the winner is no interval: no mark either way.
-        c.indistinguishable_from_winner = c
-            .vs_winner
-            .as_ref()
-            .is_some_and(|p| p.ratios.len() >= 2 && p.verdict() == Verdict::NotDistinguishable);
-    }
-    report.drift = machine_drift(report);
-    report
-        .warnings
-        .retain(|w| !matches!(w, Warning::Drift { .. }));
-    if let Some(d) = report.drift {
-        report.warnings.push(Warning::Drift { ratio: d.ratio });
-    }
+    Some(winner)
+}
+
+/// One warning naming every other process seen on the job's GPUs.
+fn gpu_shared_warning(report: &mut TuneReport) {
     report
         .warnings
         .retain(|w| !matches!(w, Warning::GpuShared { .. }));
