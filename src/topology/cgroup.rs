@@ -169,32 +169,58 @@ pub(crate) fn parse_cfs(quota: &str, period: &str) -> Option<f64> {
     (q > 0 && p > 0).then(|| q as f64 / p as f64)
 }
 
-/// Read the cgroup limits of the process whose `/proc/self` is under `root`.
-pub(crate) fn probe(root: &Path) -> CgroupLimits {
-    let mounts = mounts(root);
-    let members = membership(root);
-    let old_cpuset_path = read(root, "proc/self/cpuset").map(|s| s.trim().to_string());
-    let mut out = CgroupLimits::default();
+/// Where the process's cgroups are: the mounts, its membership, the legacy
+/// `/proc/self/cpuset` path.
+struct Where<'a> {
+    root: &'a Path,
+    mounts: Vec<Mount>,
+    members: Vec<(Vec<String>, String)>,
+    old_cpuset_path: Option<String>,
+}
 
-    let v2_path = members
-        .iter()
-        .find(|(c, _)| c.is_empty())
-        .map(|(_, p)| p.clone());
-    let v1_path = |ctrl: &str| {
-        members
+impl Where<'_> {
+    /// The unified (v2) hierarchy's path.
+    fn v2_path(&self) -> Option<String> {
+        self.members
+            .iter()
+            .find(|(c, _)| c.is_empty())
+            .map(|(_, p)| p.clone())
+    }
+    fn v1_path(&self, ctrl: &str) -> Option<String> {
+        self.members
             .iter()
             .find(|(c, _)| c.iter().any(|x| x == ctrl))
             .map(|(_, p)| p.clone())
-    };
-    let v1_mount = |ctrl: &str| {
-        mounts
+    }
+    fn v1_mount(&self, ctrl: &str) -> Option<&Mount> {
+        self.mounts
             .iter()
             .find(|m| m.fstype == "cgroup" && m.options.iter().any(|o| o == ctrl))
-    };
+    }
+    fn v2_mount(&self) -> Option<&Mount> {
+        self.mounts.iter().find(|m| m.fstype == "cgroup2")
+    }
+}
 
-    // cpuset: v1 cpuset controller, then the legacy cpuset fs, then v2.
-    if let Some(m) = v1_mount("cpuset") {
-        let path = v1_path("cpuset").or(old_cpuset_path.clone());
+/// Read the cgroup limits of the process whose `/proc/self` is under `root`.
+pub(crate) fn probe(root: &Path) -> CgroupLimits {
+    let w = Where {
+        root,
+        mounts: mounts(root),
+        members: membership(root),
+        old_cpuset_path: read(root, "proc/self/cpuset").map(|s| s.trim().to_string()),
+    };
+    let mut out = CgroupLimits::default();
+    cpuset_limit(&w, &mut out);
+    quota_limit(&w, &mut out);
+    out
+}
+
+/// cpuset: v1 cpuset controller, then the legacy cpuset fs, then v2.
+fn cpuset_limit(w: &Where, out: &mut CgroupLimits) {
+    let root = w.root;
+    if let Some(m) = w.v1_mount("cpuset") {
+        let path = w.v1_path("cpuset").or(w.old_cpuset_path.clone());
         if let Some(path) = path {
             let dirs = ancestry(root, &m.point, &path);
             // v1 keeps the configured set in cpuset.cpus (what hwloc reads
@@ -210,8 +236,8 @@ pub(crate) fn probe(root: &Path) -> CgroupLimits {
                 out.path = Some(path);
             }
         }
-    } else if let Some(m) = mounts.iter().find(|m| m.fstype == "cpuset") {
-        if let Some(path) = old_cpuset_path.clone() {
+    } else if let Some(m) = w.mounts.iter().find(|m| m.fstype == "cpuset") {
+        if let Some(path) = w.old_cpuset_path.clone() {
             let dirs = ancestry(root, &m.point, &path);
             out.cpuset = cpuset_up(&dirs, &["cpus", "cpuset.cpus"]);
             if out.cpuset.is_some() {
@@ -220,10 +246,9 @@ pub(crate) fn probe(root: &Path) -> CgroupLimits {
             }
         }
     }
-    let v2_mount = mounts.iter().find(|m| m.fstype == "cgroup2");
     if out.cpuset.is_none()
-        && let Some(m) = v2_mount
-        && let Some(path) = v2_path.clone().or(old_cpuset_path.clone())
+        && let Some(m) = w.v2_mount()
+        && let Some(path) = w.v2_path().or(w.old_cpuset_path.clone())
     {
         let dirs = ancestry(root, &m.point, &path);
         out.cpuset = cpuset_up(&dirs, &["cpuset.cpus.effective", "cpuset.cpus"]);
@@ -232,10 +257,13 @@ pub(crate) fn probe(root: &Path) -> CgroupLimits {
             out.path = Some(path);
         }
     }
+}
 
-    // CPU quota: v1 cpu controller, then v2.
-    if let Some(m) = v1_mount("cpu")
-        && let Some(path) = v1_path("cpu")
+/// CPU quota: v1 cpu controller, then v2.
+fn quota_limit(w: &Where, out: &mut CgroupLimits) {
+    let root = w.root;
+    if let Some(m) = w.v1_mount("cpu")
+        && let Some(path) = w.v1_path("cpu")
     {
         out.quota = quota_up_v1(&ancestry(root, &m.point, &path));
         if out.quota.is_some() {
@@ -246,8 +274,8 @@ pub(crate) fn probe(root: &Path) -> CgroupLimits {
     // v2's path, or (dumps with only proc/self/cpuset) the cpuset's, which
     // in the unified hierarchy is the same cgroup.
     if out.quota.is_none()
-        && let Some(m) = v2_mount
-        && let Some(path) = v2_path.or(old_cpuset_path)
+        && let Some(m) = w.v2_mount()
+        && let Some(path) = w.v2_path().or(w.old_cpuset_path.clone())
     {
         out.quota = quota_up_v2(&ancestry(root, &m.point, &path));
         if out.quota.is_some() {
@@ -255,7 +283,6 @@ pub(crate) fn probe(root: &Path) -> CgroupLimits {
             out.path.get_or_insert(path);
         }
     }
-    out
 }
 
 #[cfg(test)]

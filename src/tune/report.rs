@@ -86,66 +86,7 @@ fn row(r: &TuneReport, c: &ConfigResult) -> Vec<String> {
 pub(super) fn notes(r: &TuneReport) -> String {
     let mut out = String::new();
     for c in &r.configs {
-        if let Some(round) = c.dropped_after_round {
-            let why = if round == 0 {
-                format!(
-                    "its trial was below {:.0}% of the round's best",
-                    super::FIRST_ROUND_CUT * 100.0
-                )
-            } else {
-                format!(
-                    "it was more than {:.0}% behind the leader in every round both ran",
-                    (1.0 - super::CLEARLY_WORSE) * 100.0
-                )
-            };
-            out.push_str(&format!(
-                "{}: dropped after round {round}: {why} (--strategy all measures every row fully)\n",
-                c.name
-            ));
-        }
-        if !c.same_launch.is_empty() {
-            out.push_str(&format!(
-                "{}: launches exactly as {} (every rank's environment, CPUs, memory and argv): measured once\n",
-                c.name,
-                c.same_launch.join(", ")
-            ));
-        }
-        if c.slow_first_trial {
-            out.push_str(&format!(
-                "{}: the first trial was slow (warm caches?); --warmup 1 leaves it out\n",
-                c.name
-            ));
-        }
-        for tr in c.trials.iter().filter(|t| t.outlier) {
-            out.push_str(&format!(
-                "{} round {}: outlier ({} against a median of {})\n",
-                c.name,
-                tr.round,
-                tr.throughput.map_or("-".into(), num),
-                c.throughput.map_or("-".into(), |s| num(s.median))
-            ));
-        }
-        for tr in c.trials.iter().filter(|t| t.disturbed) {
-            out.push_str(&format!(
-                "{} round {}: disturbed: {:.0}% of the CPU budget went to other processes or the hypervisor\n",
-                c.name,
-                tr.round,
-                tr.disturbance.unwrap_or(0.0) * 100.0
-            ));
-        }
-        for tr in c.trials.iter().filter(|t| t.status != TrialStatus::Ok) {
-            let why = tr
-                .message
-                .as_ref()
-                .map_or(String::new(), |m| format!(" ({m})"));
-            out.push_str(&format!(
-                "{} round {}: {}{why}\n",
-                c.name, tr.round, tr.status
-            ));
-            for l in &tr.stderr_tail {
-                out.push_str(&format!("  | {l}\n"));
-            }
-        }
+        config_notes(c, &mut out);
     }
     for w in &r.warnings {
         out.push_str(&format!("warning: {w}\n"));
@@ -172,6 +113,71 @@ pub(super) fn notes(r: &TuneReport) -> String {
         }
     }
     out
+}
+
+/// One configuration's notes: dropped, merged, a slow first trial, outliers,
+/// disturbed and failed trials with their stderr.
+fn config_notes(c: &ConfigResult, out: &mut String) {
+    if let Some(round) = c.dropped_after_round {
+        let why = if round == 0 {
+            format!(
+                "its trial was below {:.0}% of the round's best",
+                super::FIRST_ROUND_CUT * 100.0
+            )
+        } else {
+            format!(
+                "it was more than {:.0}% behind the leader in every round both ran",
+                (1.0 - super::CLEARLY_WORSE) * 100.0
+            )
+        };
+        out.push_str(&format!(
+            "{}: dropped after round {round}: {why} (--strategy all measures every row fully)\n",
+            c.name
+        ));
+    }
+    if !c.same_launch.is_empty() {
+        out.push_str(&format!(
+            "{}: launches exactly as {} (every rank's environment, CPUs, memory and argv): measured once\n",
+            c.name,
+            c.same_launch.join(", ")
+        ));
+    }
+    if c.slow_first_trial {
+        out.push_str(&format!(
+            "{}: the first trial was slow (warm caches?); --warmup 1 leaves it out\n",
+            c.name
+        ));
+    }
+    for tr in c.trials.iter().filter(|t| t.outlier) {
+        out.push_str(&format!(
+            "{} round {}: outlier ({} against a median of {})\n",
+            c.name,
+            tr.round,
+            tr.throughput.map_or("-".into(), num),
+            c.throughput.map_or("-".into(), |s| num(s.median))
+        ));
+    }
+    for tr in c.trials.iter().filter(|t| t.disturbed) {
+        out.push_str(&format!(
+            "{} round {}: disturbed: {:.0}% of the CPU budget went to other processes or the hypervisor\n",
+            c.name,
+            tr.round,
+            tr.disturbance.unwrap_or(0.0) * 100.0
+        ));
+    }
+    for tr in c.trials.iter().filter(|t| t.status != TrialStatus::Ok) {
+        let why = tr
+            .message
+            .as_ref()
+            .map_or(String::new(), |m| format!(" ({m})"));
+        out.push_str(&format!(
+            "{} round {}: {}{why}\n",
+            c.name, tr.round, tr.status
+        ));
+        for l in &tr.stderr_tail {
+            out.push_str(&format!("  | {l}\n"));
+        }
+    }
 }
 
 /// Which line each configuration's throughput was read from.
