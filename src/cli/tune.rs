@@ -214,6 +214,29 @@ fn save_winner(path: &std::path::Path, plan: Option<Plan>) -> Result<(), Failure
     Ok(())
 }
 
+/// The session's options from the command line.
+fn tune_options(
+    a: &TuneCmd,
+    base: &crate::plan::PlanRequest,
+    metric: Metric,
+    cpu_budget: f64,
+) -> TuneOptions {
+    TuneOptions {
+        // The default search combines what beat the plan; a --grid is measured as given.
+        combine: a.grid.is_empty().then(|| base.clone()),
+        runs: a.runs,
+        max_runs: a
+            .max_runs
+            .unwrap_or(crate::tune::DEFAULT_BLOCKS * a.runs)
+            .max(a.runs),
+        warmup: a.warmup,
+        strategy: a.strategy,
+        metric,
+        cpu_budget,
+        seed: a.seed.unwrap_or_else(clock_seed),
+    }
+}
+
 pub(super) fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
     settings::check_tune(&a)?;
     let metric = Metric::new(a.metric.as_deref())
@@ -236,29 +259,11 @@ pub(super) fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
     let mut runner: Box<dyn crate::tune::TrialRunner> = if base.nnodes > 1 {
         Box::new(nodes_runner(base.nnodes, argv, a.timeout)?)
     } else {
-        Box::new(Runner::new(
-            topo.clone(),
-            facts.clone(),
-            argv,
-            a.timeout,
-            Duration::from_secs(5),
-            GpuSampler::new(),
-        ))
+        let grace = Duration::from_secs(5);
+        let (t, f) = (topo.clone(), facts.clone());
+        Box::new(Runner::new(t, f, argv, a.timeout, grace, GpuSampler::new()))
     };
-    let opts = TuneOptions {
-        // The default search combines what beat the plan; a --grid is measured as given.
-        combine: a.grid.is_empty().then(|| base.clone()),
-        runs: a.runs,
-        max_runs: a
-            .max_runs
-            .unwrap_or(crate::tune::DEFAULT_BLOCKS * a.runs)
-            .max(a.runs),
-        warmup: a.warmup,
-        strategy: a.strategy,
-        metric,
-        cpu_budget: topo.cpu_budget,
-        seed: a.seed.unwrap_or_else(clock_seed),
-    };
+    let opts = tune_options(&a, &base, metric, topo.cpu_budget);
     let bar = progress_bar();
     let mut write_error = None;
     let report = tune(&configs, report, &opts, runner.as_mut(), &mut |e| match e {
