@@ -20,7 +20,10 @@ pub(crate) mod stats;
 mod trial;
 
 pub(crate) use grid::TuneConfig;
-pub(crate) use model::*;
+pub(crate) use model::{
+    ConfigResult, Event, LaunchKey, Mark, NodeUsage, Strategy, Trial, TrialEnd, TrialOutcome,
+    TrialRunner, TrialStatus, TuneOptions, TuneReport, new_report,
+};
 pub(crate) use session::{CLEARLY_WORSE, FIRST_ROUND_CUT, tune};
 
 /// A close race's budget: up to this many blocks of --runs rounds (the base

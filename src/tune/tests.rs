@@ -3,6 +3,7 @@ use std::time::Duration;
 
 use crate::measure::throughput::Metric;
 
+use super::model::{MetricSource, Warning};
 use super::*;
 use crate::plan::PlanRequest;
 
