@@ -1,5 +1,5 @@
 //! `threadwise run` and `threadwise bind`: the options into typed settings
-//! (`launch::job::RunSettings`, one node's agent settings), then the launch
+//! (`launch::settings::RunSettings`, one node's agent settings), then the launch
 //! entry point (`launch::job`) or bind's exec; the result into an exit code.
 
 use std::path::PathBuf;
@@ -8,8 +8,9 @@ use super::args::{BindCmd, RunCmd};
 use super::settings::{load, request};
 use super::{Exit, Failure, SourceArgs, settings};
 use crate::launch::cluster::AgentConfig;
-use crate::launch::job::{self, ClusterSettings, JobError, RunSettings};
+use crate::launch::job;
 use crate::launch::prepare::{self, PrepareError};
+use crate::launch::settings::{ClusterSettings, JobError, RunSettings};
 use crate::launch::{LaunchError, bind, resolve};
 use crate::measure::throughput::Metric;
 use crate::plan::{self, Plan, PlanRequest};

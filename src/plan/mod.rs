@@ -5,7 +5,6 @@
 //! through `Facts`, so it can be tested on any machine and any topology.
 
 mod env;
-mod leftovers;
 mod place;
 mod request;
 mod sizing;

@@ -1,6 +1,6 @@
 //! One node of a multi-node `run` (`--nnodes N`): this node's agent joins
 //! the rendezvous, and every round starts this node's ranks with the same
-//! supervision as a one-node run (`job::supervise_node`); the job's end, its
+//! supervision as a one-node run (`node::supervise_node`); the job's end, its
 //! root cause and exit code are the same on every node.
 
 use std::path::PathBuf;
@@ -9,10 +9,11 @@ use std::sync::{Arc, Mutex};
 use super::proto::{NodeUsage, Report};
 use super::{AgentConfig, RoundEnd, Start, netif};
 use crate::launch::env::Job;
-use crate::launch::job::{ClusterSettings, JobError, RunSettings, before_start, supervise_node};
+use crate::launch::node::{before_start, supervise_node};
 use crate::launch::output::LineSink;
 use crate::launch::prepare::{self, ErrorFiles};
 use crate::launch::report;
+use crate::launch::settings::{ClusterSettings, JobError, RunSettings};
 use crate::launch::supervise::{self, Peer};
 use crate::launch::{RankLaunch, plan_launches};
 use crate::measure::throughput::{Hit, Metric};

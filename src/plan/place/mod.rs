@@ -3,6 +3,8 @@
 //! NUMA node, then L3 group, then CPU number, so that contiguous runs of units
 //! stay inside caches and nodes.
 
+mod leftovers;
+
 use std::collections::BTreeMap;
 
 use super::{PlanError, PlanRequest, Policy};
@@ -413,7 +415,7 @@ fn exclusive_units(
     // GPU ranks: what no rank computes on goes to the nearest GPU ranks'
     // DataLoader workers (not with policy single, which asks for one core).
     let extra = if req.policy == Policy::Exclusive && gpus.iter().any(Option::is_some) {
-        super::leftovers::share_leftovers(topo, units, gpus, &assign, unit, reasons)
+        leftovers::share_leftovers(topo, units, gpus, &assign, unit, reasons)
     } else {
         vec![vec![]; n]
     };

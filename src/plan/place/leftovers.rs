@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::place::{Unit, contiguous_runs, distance, package_of};
+use super::{Unit, contiguous_runs, distance, package_of};
 use crate::topology::{PciDevice, Topology};
 
 /// Units no GPU rank computes on (GPU-less NUMA nodes, what is left over on

@@ -1,0 +1,88 @@
+//! What `run` was asked to do, typed: the settings the command line builds
+//! once (ripgrep's LowArgs -> HiArgs), what one node of many adds, who
+//! watches the ranks, and why a job could not run.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::LaunchError;
+use super::cluster::{AgentConfig, ClusterError};
+use super::prepare::PrepareError;
+use super::supervise::Spawned;
+use crate::plan::Plan;
+use crate::topology::Topology;
+
+/// Who watches a node's ranks while they run (`top`'s state file and `run
+/// --top`'s live view): the command line gives it, launching knows no more.
+pub(crate) trait Watcher: Send + Sync {
+    /// For one round: the hook `supervise` calls with the ranks' pids, and
+    /// what to call once they all ended.
+    fn round(&self, s: &RunSettings, log_dir: Option<&Path>)
+    -> (Spawned, Box<dyn FnOnce() + Send>);
+}
+
+/// What `run` was asked to do, checked and resolved: the plan is made, the
+/// program found.
+pub(crate) struct RunSettings {
+    /// The command each rank runs, as typed (argv[0] as given).
+    pub command: Vec<OsString>,
+    /// argv[0] resolved on PATH.
+    pub program: PathBuf,
+    pub plan: Plan,
+    pub topology: Topology,
+    pub master_addr: String,
+    pub master_port: Option<u16>,
+    pub grace: Duration,
+    pub prefix: bool,
+    /// Show only these local ranks' output (`--local-ranks-filter`; none
+    /// under `run --top`, whose view takes the terminal).
+    pub show: Option<Vec<usize>>,
+    pub move_workers: bool,
+    pub log_dir: Option<PathBuf>,
+    pub allow_unbound: bool,
+    pub watcher: Option<Box<dyn Watcher>>,
+    /// No per-rank summary at the end.
+    pub quiet: bool,
+    /// One node of many: the rendezvous to join.
+    pub cluster: Option<ClusterSettings>,
+}
+
+/// One node of a multi-node job.
+#[derive(Debug, Clone)]
+pub(crate) struct ClusterSettings {
+    pub agent: AgentConfig,
+    /// Report this node's use to the rendezvous after each round, with global
+    /// rank 0's throughput read by this metric (tune --nnodes).
+    pub report: Option<crate::measure::throughput::Metric>,
+}
+
+/// Why a job could not run (its ranks' own failures are exit codes, not these).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum JobError {
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    #[error(transparent)]
+    Prepare(#[from] PrepareError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+}
+
+impl JobError {
+    pub(crate) fn code(&self) -> i32 {
+        match self {
+            JobError::Launch(e) => e.code(),
+            JobError::Prepare(e) => e.code(),
+            JobError::Cluster(e) => e.code(),
+        }
+    }
+
+    /// What to do about it (empty when nothing is to be done).
+    pub(crate) fn hint(&self) -> String {
+        match self {
+            JobError::Launch(e) => e.hint().into(),
+            JobError::Prepare(e) => e.hint(),
+            JobError::Cluster(e) => e.hint(),
+        }
+    }
+}
