@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use super::args::{BindCmd, RunCmd};
+use super::pet::{self, FromEnv};
 use super::settings::{load, request};
 use super::{Exit, Failure, SourceArgs, settings};
 use crate::launch::cluster::AgentConfig;
@@ -132,11 +133,28 @@ fn run_request(a: &RunCmd) -> Result<PlanRequest, Failure> {
     Ok(req)
 }
 
-pub(super) fn run(a: RunCmd) -> Result<Exit, Failure> {
+pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> {
     let Some(first) = a.command.first() else {
         return Err(LaunchError::NoCommand.into());
     };
     let program = resolve(first)?;
+    let mut said = pet::said(from_env);
+    // torchrun's static shape (node ranks and a master, no endpoint, as
+    // Kubeflow's trainer v2 gives): the rendezvous at MASTER_ADDR:MASTER_PORT,
+    // the ranks' MASTER_PORT a free port of node 0 (torchrun's static backend
+    // does the same).
+    if a.plan.nnodes > 1
+        && a.rdzv_endpoint.is_none()
+        && let Some(port) = a.master_port.take()
+    {
+        let endpoint = format!("{}:{port}", a.master_addr);
+        let note = format!(
+            "threadwise: no --rdzv-endpoint: the rendezvous is at the master {endpoint} \
+             (torchrun's static shape); the ranks' MASTER_PORT is a port free on node 0"
+        );
+        said = Some(said.map_or(note.clone(), |s| format!("{s}\n{note}")));
+        a.rdzv_endpoint = Some(endpoint);
+    }
     settings::check_run(&a)?;
     let req = run_request(&a)?;
     let t = load(&SourceArgs::default())?;
@@ -148,7 +166,11 @@ pub(super) fn run(a: RunCmd) -> Result<Exit, Failure> {
     let (dry, doctor) = (a.dry_run, !a.no_doctor);
     let s = run_settings(a, program, p, t)?;
     if dry {
-        return super::emit(&job::dry_run(&s)?);
+        let lines = said.map_or(String::new(), |l| l.replace("threadwise: ", "") + "\n");
+        return super::emit(&format!("{lines}{}", job::dry_run(&s)?));
+    }
+    if let Some(line) = said {
+        crate::say!("{line}");
     }
     if doctor {
         crate::doctor::say_preflight(&s.topology, s.plan.nproc);

@@ -4,6 +4,7 @@
 mod args;
 mod doctor;
 mod launch;
+mod pet;
 mod settings;
 mod top;
 mod topo;
@@ -98,18 +99,32 @@ fn generated(command: &Command) -> Result<Exit, Failure> {
 
 /// Parse the arguments, run, and return the process exit code.
 pub(crate) fn main() -> i32 {
-    let cli = match Cli::try_parse() {
+    let env = |k: &str| std::env::var(k).ok();
+    let (argv, from_env) = match pet::run_args(std::env::args_os().collect(), &env) {
+        Ok(x) => x,
+        Err(r) => {
+            crate::say!("error: {}={}: {}", r.var, r.value, r.why);
+            crate::say!("hint: give one node count (e.g. {}=2), or unset it", r.var);
+            return 2;
+        }
+    };
+    let cli = match Cli::try_parse_from(argv) {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() { 2 } else { 0 };
             let _ = e.print();
+            if code != 0
+                && let Some(line) = pet::said(&from_env)
+            {
+                crate::say!("{line}");
+            }
             return code;
         }
     };
     let result = match cli.command {
         Command::Topo(a) => topo::topo(a),
         Command::Plan(a) => topo::plan(a),
-        Command::Run(a) => launch::run(a),
+        Command::Run(a) => launch::run(a, &from_env),
         Command::Bind(a) => launch::bind_cmd(a),
         Command::Tune(a) => tune::tune_cmd(a),
         Command::Doctor(a) => doctor::doctor(a),

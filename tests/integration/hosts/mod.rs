@@ -4,6 +4,7 @@
 //! The faults across hosts are in `faults.rs`.
 
 mod faults;
+mod pet;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

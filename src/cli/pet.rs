@@ -1,0 +1,251 @@
+//! torchrun's options from the environment, for `run`: torchrun reads every
+//! option from `PET_<OPTION>` when the command line does not give it
+//! (`torch/distributed/argparse_util.py`), and Kubeflow's PyTorchJob and
+//! TorchX hand torchrun its options that way. For every option `run` shares
+//! with torchrun, a set `PET_` variable becomes that flag before clap parses,
+//! so it is checked exactly as the flag is; a flag on the command line wins.
+
+use std::ffi::OsString;
+
+/// The options `run` shares with torchrun: the variable, our flag, and the
+/// spellings that mean it on the command line.
+const SHARED: &[(&str, &str, &[&str])] = &[
+    ("PET_NNODES", "--nnodes", &["--nnodes"]),
+    (
+        "PET_NPROC_PER_NODE",
+        "--nproc-per-node",
+        &["--nproc-per-node", "--nproc_per_node", "-n"],
+    ),
+    (
+        "PET_NODE_RANK",
+        "--node-rank",
+        &["--node-rank", "--node_rank"],
+    ),
+    (
+        "PET_RDZV_ENDPOINT",
+        "--rdzv-endpoint",
+        &["--rdzv-endpoint", "--rdzv_endpoint"],
+    ),
+    (
+        "PET_RDZV_BACKEND",
+        "--rdzv-backend",
+        &["--rdzv-backend", "--rdzv_backend"],
+    ),
+    ("PET_RDZV_ID", "--rdzv-id", &["--rdzv-id", "--rdzv_id"]),
+    (
+        "PET_MAX_RESTARTS",
+        "--max-restarts",
+        &["--max-restarts", "--max_restarts"],
+    ),
+    (
+        "PET_MASTER_ADDR",
+        "--master-addr",
+        &["--master-addr", "--master_addr"],
+    ),
+    (
+        "PET_MASTER_PORT",
+        "--master-port",
+        &["--master-port", "--master_port"],
+    ),
+    ("PET_LOG_DIR", "--log-dir", &["--log-dir", "--log_dir"]),
+    (
+        "PET_LOCAL_RANKS_FILTER",
+        "--local-ranks-filter",
+        &["--local-ranks-filter", "--local_ranks_filter"],
+    ),
+];
+
+/// One option taken from the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct FromEnv {
+    pub var: &'static str,
+    pub flag: &'static str,
+    pub value: String,
+}
+
+impl std::fmt::Display for FromEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}={} ({})", self.var, self.value, self.flag)
+    }
+}
+
+/// A `PET_` value `run` cannot take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Refused {
+    pub var: &'static str,
+    pub value: String,
+    pub why: String,
+}
+
+/// Does the command line (before `--`) give one of `spellings`?
+fn given(options: &[OsString], spellings: &[&str]) -> bool {
+    options.iter().any(|o| {
+        let o = o.to_string_lossy();
+        spellings.iter().any(|s| {
+            *o == **s
+                || o.strip_prefix(s).is_some_and(|rest| rest.starts_with('='))
+                // `-n4`: a short flag with its value attached.
+                || (s.len() == 2 && o.starts_with(s) && o.len() > 2 && !o.starts_with("--"))
+        })
+    })
+}
+
+/// `threadwise run ...` with the `PET_` options the command line does not
+/// give put in as flags, and which ones were; argv unchanged for any other
+/// subcommand. torchrun's `--nnodes MIN:MAX` with MIN = MAX is one count;
+/// an elastic range is refused (run has no elastic membership).
+pub(super) fn run_args(
+    argv: Vec<OsString>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Vec<OsString>, Vec<FromEnv>), Refused> {
+    if argv.get(1).map(|a| a.as_os_str()) != Some("run".as_ref()) {
+        return Ok((argv, vec![]));
+    }
+    let end = argv.iter().position(|a| a == "--").unwrap_or(argv.len());
+    let options = &argv[2..end.max(2)];
+    let mut taken = vec![];
+    for (var, flag, spellings) in SHARED {
+        let Some(value) = env(var).map(|v| v.trim().to_string()) else {
+            continue;
+        };
+        if value.is_empty() || given(options, spellings) {
+            continue;
+        }
+        let value = if *var == "PET_NNODES" {
+            one_count(var, &value)?
+        } else {
+            value
+        };
+        taken.push(FromEnv { var, flag, value });
+    }
+    let mut out: Vec<OsString> = argv[..2].to_vec();
+    out.extend(
+        taken
+            .iter()
+            .map(|t| OsString::from(format!("{}={}", t.flag, t.value))),
+    );
+    out.extend(argv[2..].iter().cloned());
+    Ok((out, taken))
+}
+
+/// torchrun's `N` or `MIN:MAX` as one node count.
+fn one_count(var: &'static str, value: &str) -> Result<String, Refused> {
+    match value.split_once(':') {
+        None => Ok(value.to_string()),
+        Some((lo, hi)) if lo.trim() == hi.trim() => Ok(lo.trim().to_string()),
+        Some(_) => Err(Refused {
+            var,
+            value: value.to_string(),
+            why: "an elastic node range (MIN:MAX): threadwise run forms a job of a fixed \
+                  number of nodes"
+                .into(),
+        }),
+    }
+}
+
+/// The line that says which options came from the environment.
+pub(super) fn said(taken: &[FromEnv]) -> Option<String> {
+    (!taken.is_empty()).then(|| {
+        let list: Vec<String> = taken.iter().map(FromEnv::to_string).collect();
+        format!(
+            "threadwise: options from torchrun's environment variables: {}",
+            list.join(", ")
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Vec<OsString> {
+        v.iter().map(OsString::from).collect()
+    }
+
+    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn kubeflow_v1_options_become_flags_and_the_command_line_wins() {
+        let env = env_of(&[
+            ("PET_NNODES", "2"),
+            ("PET_NPROC_PER_NODE", "1"),
+            ("PET_NODE_RANK", "1"),
+            ("PET_RDZV_ENDPOINT", "job-master-0:23456"),
+            ("PET_RDZV_BACKEND", "c10d"),
+            ("PET_MASTER_PORT", ""),
+        ]);
+        let (argv, taken) = run_args(
+            args(&[
+                "tw",
+                "run",
+                "--node_rank=0",
+                "--",
+                "python",
+                "--nnodes",
+                "9",
+            ]),
+            &env,
+        )
+        .unwrap();
+        assert_eq!(
+            argv,
+            args(&[
+                "tw",
+                "run",
+                "--nnodes=2",
+                "--nproc-per-node=1",
+                "--rdzv-endpoint=job-master-0:23456",
+                "--rdzv-backend=c10d",
+                "--node_rank=0",
+                "--",
+                "python",
+                "--nnodes",
+                "9"
+            ])
+        );
+        // The user's command after `--` is never read as ours; an empty value is unset.
+        assert_eq!(taken.len(), 4);
+        assert_eq!(taken[0].to_string(), "PET_NNODES=2 (--nnodes)");
+        assert!(
+            said(&taken)
+                .unwrap()
+                .contains("PET_RDZV_ENDPOINT=job-master-0:23456")
+        );
+    }
+
+    #[test]
+    fn short_and_attached_spellings_count_as_given() {
+        let env = env_of(&[("PET_NPROC_PER_NODE", "8")]);
+        for given in [
+            &["-n", "2"][..],
+            &["-n2"],
+            &["--nproc_per_node=2"],
+            &["--nproc-per-node", "2"],
+        ] {
+            let mut v = vec!["tw", "run"];
+            v.extend(given);
+            v.extend(["--", "true"]);
+            let (_, taken) = run_args(args(&v), &env).unwrap();
+            assert!(taken.is_empty(), "{given:?}");
+        }
+    }
+
+    #[test]
+    fn other_subcommands_are_untouched_and_an_elastic_range_is_refused() {
+        let env = env_of(&[("PET_NNODES", "1:4"), ("PET_NPROC_PER_NODE", "2")]);
+        let plan = args(&["tw", "plan", "-n", "2"]);
+        assert_eq!(run_args(plan.clone(), &env).unwrap(), (plan, vec![]));
+        let e = run_args(args(&["tw", "run", "--", "true"]), &env).unwrap_err();
+        assert_eq!((e.var, e.value.as_str()), ("PET_NNODES", "1:4"));
+        let env = env_of(&[("PET_NNODES", "2:2")]);
+        let (argv, _) = run_args(args(&["tw", "run", "--", "true"]), &env).unwrap();
+        assert_eq!(argv[2], "--nnodes=2");
+    }
+}
