@@ -9,6 +9,7 @@ use super::pet::{self, FromEnv};
 use super::settings::{load, request};
 use super::{Exit, Failure, SourceArgs, settings};
 use crate::launch::cluster::AgentConfig;
+use crate::launch::env::current;
 use crate::launch::job;
 use crate::launch::prepare::{self, PrepareError};
 use crate::launch::settings::{ClusterSettings, JobError, RunSettings};
@@ -46,10 +47,6 @@ impl From<JobError> for Failure {
             hint: Some(e.hint()).filter(|h| !h.is_empty()),
         }
     }
-}
-
-fn current(k: &str) -> Option<String> {
-    std::env::var(k).ok()
 }
 
 /// The agent's settings from the options; the run id defaults to Slurm's job id.
@@ -138,7 +135,8 @@ pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> 
         return Err(LaunchError::NoCommand.into());
     };
     let program = resolve(first)?;
-    let mut said = pet::said(from_env);
+    // What came from torchrun's environment, said at start-up and in the dry run.
+    let mut notes: Vec<String> = pet::said(from_env).into_iter().collect();
     // torchrun's static shape (node ranks and a master, no endpoint, as
     // Kubeflow's trainer v2 gives): the rendezvous at MASTER_ADDR:MASTER_PORT,
     // the ranks' MASTER_PORT a free port of node 0 (torchrun's static backend
@@ -148,11 +146,10 @@ pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> 
         && let Some(port) = a.master_port.take()
     {
         let endpoint = format!("{}:{port}", a.master_addr);
-        let note = format!(
-            "threadwise: no --rdzv-endpoint: the rendezvous is at the master {endpoint} \
-             (torchrun's static shape); the ranks' MASTER_PORT is a port free on node 0"
-        );
-        said = Some(said.map_or(note.clone(), |s| format!("{s}\n{note}")));
+        notes.push(format!(
+            "no --rdzv-endpoint: the rendezvous is at the master {endpoint} (torchrun's static \
+             shape); the ranks' MASTER_PORT is a port free on node 0"
+        ));
         a.rdzv_endpoint = Some(endpoint);
     }
     settings::check_run(&a)?;
@@ -166,11 +163,11 @@ pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> 
     let (dry, doctor) = (a.dry_run, !a.no_doctor);
     let s = run_settings(a, program, p, t)?;
     if dry {
-        let lines = said.map_or(String::new(), |l| l.replace("threadwise: ", "") + "\n");
+        let lines: String = notes.iter().map(|n| format!("{n}\n")).collect();
         return super::emit(&format!("{lines}{}", job::dry_run(&s)?));
     }
-    if let Some(line) = said {
-        crate::say!("{line}");
+    for n in &notes {
+        crate::say!("threadwise: {n}");
     }
     if doctor {
         crate::doctor::say_preflight(&s.topology, s.plan.nproc);

@@ -116,7 +116,7 @@ pub(crate) fn main() -> i32 {
             if code != 0
                 && let Some(line) = pet::said(&from_env)
             {
-                crate::say!("{line}");
+                crate::say!("threadwise: {line}");
             }
             return code;
         }

@@ -143,12 +143,12 @@ fn one_count(var: &'static str, value: &str) -> Result<String, Refused> {
     }
 }
 
-/// The line that says which options came from the environment.
+/// The note that says which options came from the environment.
 pub(super) fn said(taken: &[FromEnv]) -> Option<String> {
     (!taken.is_empty()).then(|| {
         let list: Vec<String> = taken.iter().map(FromEnv::to_string).collect();
         format!(
-            "threadwise: options from torchrun's environment variables: {}",
+            "options from torchrun's environment variables: {}",
             list.join(", ")
         )
     })

@@ -75,6 +75,12 @@ pub(crate) fn torchrun_env(job: &Job, local: usize) -> BTreeMap<String, String> 
 }
 
 /// A free TCP port on the loopback (the kernel's choice), for MASTER_PORT.
+/// This process's value of `k` (the `Env` the launcher detection and the
+/// notes about replaced variables read).
+pub(crate) fn current(k: &str) -> Option<String> {
+    std::env::var(k).ok()
+}
+
 pub(crate) fn free_port() -> std::io::Result<u16> {
     let l = std::net::TcpListener::bind(("127.0.0.1", 0))?;
     Ok(l.local_addr()?.port())

@@ -4,14 +4,11 @@
 //! failing rank's report) is said on these paths, alike on both; the
 //! command line maps the result to an exit code.
 
+use super::env::current;
 use super::node::{before_start, supervise_node};
 use super::prepare::{self, ErrorFiles};
 use super::settings::{JobError, RunSettings};
 use super::{node_launches, report, supervise};
-
-fn current(k: &str) -> Option<String> {
-    std::env::var(k).ok()
-}
 
 /// What each rank would get, and the containment (`--dry-run`), on one node
 /// or as one node of many.

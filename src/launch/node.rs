@@ -6,15 +6,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use super::env::current;
 use super::output::{LineSink, OutputOptions};
 use super::prepare::{self, ErrorFiles};
 use super::settings::RunSettings;
 use super::supervise::{self, Peer, RunOptions};
 use super::{LaunchError, RankLaunch};
-
-fn current(k: &str) -> Option<String> {
-    std::env::var(k).ok()
-}
 
 /// What `run` says before starting: replaced variables, a log directory
 /// that will not hold.

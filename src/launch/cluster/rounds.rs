@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use super::proto::{NodeUsage, Report};
 use super::{AgentConfig, RoundEnd, Start, netif};
-use crate::launch::env::Job;
+use crate::launch::env::{Job, current};
 use crate::launch::node::{before_start, supervise_node};
 use crate::launch::output::LineSink;
 use crate::launch::prepare::{self, ErrorFiles};
@@ -18,10 +18,6 @@ use crate::launch::supervise::{self, Peer};
 use crate::launch::{RankLaunch, plan_launches};
 use crate::measure::throughput::{Hit, Metric};
 use crate::plan::Plan;
-
-fn current(k: &str) -> Option<String> {
-    std::env::var(k).ok()
-}
 
 fn job_of(s: &Start, nproc: usize, run_id: &str) -> Job {
     Job {
