@@ -23,12 +23,19 @@ import sys
 from typing import IO, Any, Dict, List, Mapping, Optional, Set
 
 __all__ = [
+    "PlacementError",
+    "ProcessContext",
+    "ProcessExitedException",
+    "ProcessRaisedException",
     "__version__",
+    "apply",
     "find_binary",
     "num_workers",
     "parse_cpulist",
     "plan",
     "report",
+    "spawn",
+    "start_processes",
     "worker_init_fn",
 ]
 
@@ -54,6 +61,15 @@ _THREAD_VARS = (
     "OPENBLAS_NUM_THREADS",
     "NUMEXPR_NUM_THREADS",
     "VECLIB_MAXIMUM_THREADS",
+)
+
+#: The plan's variables for the other pools a rank starts.
+_POOL_VARS = (
+    "TORCHINDUCTOR_COMPILE_THREADS",
+    "OPENCV_FOR_THREADS_NUM",
+    "POLARS_MAX_THREADS",
+    "RAYON_NUM_THREADS",
+    "NUMBA_NUM_THREADS",
 )
 
 
@@ -113,6 +129,9 @@ def worker_init_fn(worker_id: int) -> None:
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "set_num_threads"):
         torch.set_num_threads(1)
+    cv2 = sys.modules.get("cv2")
+    if cv2 is not None and hasattr(cv2, "setNumThreads"):
+        cv2.setNumThreads(1)
 
 
 def num_workers(default: int = 0) -> int:
@@ -179,6 +198,7 @@ def plan() -> Optional[Dict[str, Any]]:
         for k, v in sorted(env.items())
         if k in _THREAD_VARS
         or k.startswith(("OMP_", "KMP_", "GOMP_"))
+        or k in _POOL_VARS
         or k in ("MALLOC_CONF", "LD_PRELOAD", "CUDA_VISIBLE_DEVICES")
     }
     return {
@@ -190,7 +210,19 @@ def plan() -> Optional[Dict[str, Any]]:
         "mem_nodes": [int(n) for n in nodes.split(",") if n.strip().isdigit()],
         "gpu": env.get("THREADWISE_GPU") or None,
         "threads": _int(env, "THREADWISE_NUM_THREADS"),
+        "interop_threads": _int(env, "THREADWISE_NUM_INTEROP_THREADS"),
         "workers": _int(env, "THREADWISE_NUM_WORKERS"),
         "worker_cpus": env.get("THREADWISE_WORKER_CPUS", ""),
         "env": thread_env,
     }
+
+
+from ._apply import apply  # noqa: E402  (they use the functions above)
+from ._place import PlacementError  # noqa: E402
+from ._spawn import (  # noqa: E402
+    ProcessContext,
+    ProcessExitedException,
+    ProcessRaisedException,
+    spawn,
+    start_processes,
+)

@@ -412,8 +412,18 @@ pub(crate) struct BindCmd {
     /// Run unbound when the kernel refuses the binding
     #[arg(long)]
     pub allow_unbound: bool,
+    /// Print this rank's slice as JSON (threadwise.bind/1, what the Python
+    /// helper's apply and spawn read); exec nothing
+    #[arg(long, conflicts_with = "dry_run")]
+    pub json: bool,
+    /// This process's local rank, in place of a launcher's variables (with --local-world-size)
+    #[arg(long, value_name = "K", requires = "local_world_size")]
+    pub local_rank: Option<usize>,
+    /// Ranks on this node, in place of a launcher's variables (with --local-rank)
+    #[arg(long, value_name = "N", requires = "local_rank")]
+    pub local_world_size: Option<usize>,
     /// The command to become
-    #[arg(last = true, value_name = "CMD", required = true)]
+    #[arg(last = true, value_name = "CMD", required_unless_present = "json")]
     pub command: Vec<OsString>,
 }
 

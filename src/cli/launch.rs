@@ -176,11 +176,32 @@ pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> 
 }
 
 pub(super) fn bind_cmd(a: BindCmd) -> Result<Exit, Failure> {
-    if a.command.is_empty() {
+    if a.command.is_empty() && !a.json {
         return Err(LaunchError::NoCommand.into());
     }
+    let given = match (a.local_rank, a.local_world_size) {
+        (Some(k), Some(n)) if n == 0 || k >= n => {
+            return Err(Failure::usage(
+                format!(
+                    "--local-rank {k} with --local-world-size {n}: a local rank is 0 to size - 1"
+                ),
+                "give the process's index among the ranks of this node, and their number",
+            ));
+        }
+        (Some(k), Some(n)) => Some((k, n)),
+        _ => None,
+    };
     let t = load(&SourceArgs::default())?;
-    let (p, l) = prepare::bind_launch(t, request(&a.plan), &a.command, &current)?;
+    let (p, l, launcher) = prepare::bind_launch(t, request(&a.plan), &a.command, &current, given)?;
+    if a.json {
+        let doc = prepare::bind_json(&p, &l, &launcher).map_err(|e| {
+            Failure::env(
+                format!("cannot serialise the slice: {e}"),
+                "report this as a bug",
+            )
+        })?;
+        return super::emit(&doc);
+    }
     // Said once per job (by task 0), not once per task.
     let derived: Vec<String> = ["MASTER_ADDR", "MASTER_PORT"]
         .iter()

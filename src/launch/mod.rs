@@ -129,8 +129,9 @@ pub(crate) struct RankLaunch {
     pub worker_mask: Option<Vec<u64>>,
 }
 
-/// The placement a rank plan asks for.
-pub(crate) fn placement_of(rank: &RankPlan) -> (Placement, String) {
+/// The `set_mempolicy` mode and nodes a rank plan asks for (None: leave it).
+/// Preferred takes the first node, as the kernel's MPOL_PREFERRED does one.
+pub(crate) fn mem_call(rank: &RankPlan) -> (Option<i32>, crate::cpuset::CpuSet) {
     let mode = match rank.mem_policy {
         MemPolicy::None => None,
         MemPolicy::Local => Some(os::MPOL_LOCAL),
@@ -142,6 +143,12 @@ pub(crate) fn placement_of(rank: &RankPlan) -> (Placement, String) {
     if mode == Some(os::MPOL_PREFERRED) {
         nodes = nodes.first().into_iter().collect();
     }
+    (mode, nodes)
+}
+
+/// The placement a rank plan asks for.
+pub(crate) fn placement_of(rank: &RankPlan) -> (Placement, String) {
+    let (mode, nodes) = mem_call(rank);
     let mem = mode.map(|m| (m, nodes.words().to_vec()));
     let desc = match (rank.mem_policy, nodes.is_empty()) {
         (MemPolicy::None, _) => "none (inherited)".to_string(),

@@ -211,13 +211,25 @@ pub(crate) fn overrides_note(
 /// `bind`: the node plan every sibling under the launcher computes alike, and
 /// this rank's launch of `command` (with LOCAL_RANK, LOCAL_WORLD_SIZE, RANK
 /// and WORLD_SIZE added where the launcher did not set them).
+/// `given`: the local rank and size the caller names (`--local-rank`,
+/// `--local-world-size`), in place of a launcher's variables.
 pub(crate) fn bind_launch(
     mut t: Topology,
     mut req: PlanRequest,
     command: &[OsString],
     current: &dyn Fn(&str) -> Option<String>,
-) -> Result<(Plan, RankLaunch), PrepareError> {
-    let launcher = detect::detect(current)?;
+    given: Option<(usize, usize)>,
+) -> Result<(Plan, RankLaunch, detect::Launcher), PrepareError> {
+    let launcher = match given {
+        Some((local_rank, local_size)) => detect::Launcher {
+            name: "the caller",
+            local_rank,
+            local_size,
+            binds_ranks: false,
+            global: None,
+        },
+        None => detect::detect(current)?,
+    };
     if launcher.binds_ranks {
         // srun and mpirun bind each rank already: its mask is its own, not the
         // node's. Plan from what every sibling sees alike: the union of the
@@ -261,7 +273,47 @@ pub(crate) fn bind_launch(
         }
     }
     let l = rank_launch(rank, command, extra);
-    Ok((p, l))
+    Ok((p, l, launcher))
+}
+
+/// `bind --json`: this rank's slice as the `threadwise.bind/1` document the
+/// Python helper applies in-process (`threadwise.apply`, `threadwise.spawn`):
+/// the system calls' arguments as `run` makes them, the variables to set and
+/// remove, and the node's whole plan (every sibling computes the same one).
+pub(crate) fn bind_json(
+    plan: &Plan,
+    l: &RankLaunch,
+    launcher: &detect::Launcher,
+) -> Result<String, serde_json::Error> {
+    let ranks: Vec<serde_json::Value> = plan
+        .ranks
+        .iter()
+        .map(|r| {
+            let (mode, nodes) = super::mem_call(r);
+            // As `placement_of` leaves it: no node to name, no call.
+            let mode = mode.filter(|m| *m == crate::os::MPOL_LOCAL || !nodes.is_empty());
+            serde_json::json!({
+                "local_rank": r.local_rank,
+                "cpus": r.bind.then(|| r.cpus.iter().collect::<Vec<_>>()),
+                "worker_cpus": r.worker_cpus.iter().collect::<Vec<_>>(),
+                "mem_mode": mode,
+                "mem_nodes": nodes.iter().collect::<Vec<_>>(),
+                "threads": r.threads,
+                "env": r.env,
+            })
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "schema": "threadwise.bind/1",
+        "launcher": launcher.name,
+        "local_rank": launcher.local_rank,
+        "local_world_size": launcher.local_size,
+        "env": l.env,
+        "env_remove": plan.unset_env,
+        "placements": ranks,
+        "plan": plan,
+    });
+    Ok(serde_json::to_string_pretty(&doc)? + "\n")
 }
 
 /// `--dry-run`: what each rank would get. `mover`: run moves DataLoader

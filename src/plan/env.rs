@@ -22,7 +22,42 @@ pub(crate) const THREAD_VARS: &[&str] = &[
     "NUMBA_NUM_THREADS",
     "RAYON_NUM_THREADS",
     "TF_NUM_INTRAOP_THREADS",
+    // OpenCV's parallel_for pool (image decoding and augmentation) and
+    // Polars' pool: each sizes itself to every CPU it sees otherwise.
+    "OPENCV_FOR_THREADS_NUM",
+    "POLARS_MAX_THREADS",
 ];
+
+/// Pools sized from the rank's thread count by their own rule (`pool_vars`).
+pub(crate) const POOL_VARS: &[&str] = &[
+    "TF_NUM_INTEROP_THREADS",
+    "TORCHINDUCTOR_COMPILE_THREADS",
+    "THREADWISE_NUM_INTEROP_THREADS",
+];
+
+/// torch.compile's Inductor starts min(32, CPUs in its mask) compile workers
+/// per rank; a rank gets as many as it has compute threads, with the same cap.
+pub(crate) const INDUCTOR_MAX_COMPILE_THREADS: usize = 32;
+
+/// The values of `POOL_VARS` for a rank of `threads` compute threads:
+/// TensorFlow's inter-op pool 1 (as before); Inductor's compile workers (they
+/// run while the rank waits for them, so its own share of the CPUs: ranks
+/// compiling at once do not oversubscribe the node); torch's inter-op pool,
+/// which reads no variable, ignores OMP_NUM_THREADS and sizes itself to the
+/// CPUs in its mask (torch 2.15: 2 unbound on 2 CPUs with OMP_NUM_THREADS=1,
+/// 1 under taskset -c 0), as many as the rank's threads (the Python helper's apply and spawn set it with
+/// torch.set_num_interop_threads).
+pub(crate) fn pool_vars(threads: usize) -> [(&'static str, String); 3] {
+    let t = threads.max(1);
+    [
+        ("TF_NUM_INTEROP_THREADS", "1".into()),
+        (
+            "TORCHINDUCTOR_COMPILE_THREADS",
+            t.min(INDUCTOR_MAX_COMPILE_THREADS).to_string(),
+        ),
+        ("THREADWISE_NUM_INTEROP_THREADS", t.to_string()),
+    ]
+}
 
 /// The jemalloc options a plan sets with `allocator=jemalloc`.
 pub(crate) const JEMALLOC_CONF: &str = "metadata_thp:auto,dirty_decay_ms:-1,muzzy_decay_ms:-1";
@@ -83,7 +118,9 @@ pub(super) fn rank_env(
     for var in THREAD_VARS {
         set(var, rank.threads.to_string());
     }
-    set("TF_NUM_INTEROP_THREADS", "1".into());
+    for (k, v) in pool_vars(rank.threads) {
+        set(k, v);
+    }
     set("CUDA_DEVICE_ORDER", "PCI_BUS_ID".into());
     // In the numbering CUDA uses inside this job: a container or a devices
     // cgroup that hides GPUs shifts the indices (topology/gpus.rs).

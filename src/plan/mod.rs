@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub(crate) use env::{JEMALLOC_CONF, THREAD_VARS};
+pub(crate) use env::{JEMALLOC_CONF, POOL_VARS, THREAD_VARS};
 pub(crate) use request::{
     Allocator, AllocatorChoice, AllocatorKind, Amount, MemPolicy, Policy, Profile, Reserve,
     WaitPolicy,
@@ -222,7 +222,7 @@ impl Plan {
     fn unset_threads(&mut self) {
         let mut vars: Vec<String> = THREAD_VARS
             .iter()
-            .chain(&["TF_NUM_INTEROP_THREADS"])
+            .chain(POOL_VARS)
             .map(|v| v.to_string())
             .collect();
         for rank in &mut self.ranks {
@@ -348,7 +348,7 @@ pub fn plan(topo: &Topology, req: &PlanRequest, facts: &Facts) -> Result<Plan, P
         .collect();
     let slices = place::place(topo, req, &rank_gpus, &mut reasons)?;
     let allocator = env::choose_allocator(req, facts, &mut reasons)?;
-    let ranks = slices
+    let ranks: Vec<RankPlan> = slices
         .into_iter()
         .enumerate()
         .map(|(i, slice)| {
@@ -358,6 +358,7 @@ pub fn plan(topo: &Topology, req: &PlanRequest, facts: &Facts) -> Result<Plan, P
         })
         .collect();
     omp_reasons(req, &mut reasons);
+    reasons.push(pools_reason(&ranks));
     let mut p = Plan {
         schema: PLAN_SCHEMA.to_string(),
         request: req.clone(),
@@ -461,6 +462,23 @@ fn rank_plan(
         env: BTreeMap::new(),
         reasons: rank_reasons,
     }
+}
+
+/// Why the pools besides OpenMP's get the sizes they do.
+fn pools_reason(ranks: &[RankPlan]) -> String {
+    let compile: Vec<usize> = ranks
+        .iter()
+        .map(|r| r.threads.clamp(1, env::INDUCTOR_MAX_COMPILE_THREADS))
+        .collect();
+    let total: usize = compile.iter().sum();
+    format!(
+        "other pools fit each rank's threads: torch.compile's compile workers \
+         TORCHINDUCTOR_COMPILE_THREADS (Inductor would start min(32, CPUs in the mask) per rank; \
+         here {total} in all, one per compute thread), OpenCV's and Polars' pools \
+         (OPENCV_FOR_THREADS_NUM, POLARS_MAX_THREADS), and torch's inter-op pool \
+         (THREADWISE_NUM_INTEROP_THREADS: torch reads no variable for it, ignores OMP_NUM_THREADS \
+         and sizes it to the CPUs in its mask, so threadwise.apply()/spawn() in the script set it)"
+    )
 }
 
 /// What the OpenMP wait and bind options mean, said when asked for.

@@ -291,6 +291,109 @@ fn bind_applies_the_same_plan_under_a_launcher() {
 }
 
 #[test]
+fn bind_json_gives_the_slice_the_python_helper_applies() {
+    // Under a launcher (torchrun's variables) and with the caller's rank,
+    // the same node plan as plan --json, with run's system-call arguments.
+    let p = plan_json(2);
+    let from = |args: &[&str], env: &[(&str, &str)]| {
+        let mut c = Command::new(bin());
+        c.args(["bind", "--json"])
+            .args(args)
+            .env_remove("LOCAL_RANK")
+            .env_remove("LOCAL_WORLD_SIZE");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let a = from(&[], &[("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2")]);
+    let b = from(&["--local-rank", "1", "--local-world-size", "2"], &[]);
+    for (d, launcher) in [(&a, "torchrun"), (&b, "the caller")] {
+        assert_eq!(d["schema"], "threadwise.bind/1");
+        assert_eq!(d["launcher"], launcher);
+        assert_eq!(d["local_rank"], 1);
+        assert_eq!(d["local_world_size"], 2);
+        assert_eq!(
+            d["plan"]["ranks"], p["ranks"],
+            "the node plan is plan --json's"
+        );
+        for r in 0..2 {
+            let slot = &d["placements"][r];
+            let cpus: Vec<u64> = slot["cpus"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c.as_u64().unwrap())
+                .collect();
+            let want: Vec<u64> = p["ranks"][r]["cpus"]
+                .as_str()
+                .unwrap()
+                .split(',')
+                .flat_map(|part| {
+                    let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+                    lo.parse::<u64>().unwrap()..=hi.parse::<u64>().unwrap()
+                })
+                .collect();
+            assert_eq!(cpus, want);
+            assert_eq!(slot["mem_mode"], 4, "MPOL_LOCAL, as run passes it");
+            assert_eq!(slot["env"], p["ranks"][r]["env"]);
+        }
+        assert_eq!(d["env"]["THREADWISE_CPUS"], p["ranks"][1]["cpus"]);
+    }
+    // The caller's LOCAL_RANK is added to the variables; torchrun's own is left.
+    assert_eq!(b["env"]["LOCAL_RANK"], "1");
+    assert!(a["env"].get("LOCAL_RANK").is_none());
+    // --mem preferred names one node; --mem none makes no call.
+    let c = from(
+        &[
+            "--local-rank",
+            "0",
+            "--local-world-size",
+            "1",
+            "--mem",
+            "preferred",
+        ],
+        &[],
+    );
+    assert_eq!(c["placements"][0]["mem_mode"], 1);
+    assert_eq!(c["placements"][0]["mem_nodes"], serde_json::json!([0]));
+    let c = from(
+        &[
+            "--local-rank",
+            "0",
+            "--local-world-size",
+            "1",
+            "--mem",
+            "none",
+        ],
+        &[],
+    );
+    assert!(c["placements"][0]["mem_mode"].is_null());
+    // Wrong numbers are named.
+    for (args, says) in [
+        (
+            &["--local-rank", "2", "--local-world-size", "2"][..],
+            "--local-rank 2 with --local-world-size 2",
+        ),
+        (&["--local-rank", "0"][..], "--local-world-size"),
+    ] {
+        let out = Command::new(bin())
+            .args(["bind", "--json"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            text(&out.stderr).contains(says),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
 fn open_mpi_ranks_get_their_planned_cpus() {
     let p = plan_json(2);
     let out = Command::new("mpirun")

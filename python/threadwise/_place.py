@@ -1,0 +1,275 @@
+"""Placing the running process: the system calls `threadwise run` makes before
+it execs a rank (sched_setaffinity, set_mempolicy), made here from Python for
+ranks that someone else started (`apply`, `spawn`). The slice itself always
+comes from the binary (`threadwise bind --json`): one planner, not a second
+one in Python."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
+
+from ._find import find_binary
+
+#: set_mempolicy(2) and get_mempolicy(2) by machine (asm/unistd.h).
+_SYSCALLS = {
+    "x86_64": (238, 239),
+    "aarch64": (237, 236),
+    "ppc64le": (261, 260),
+    "ppc64": (261, 260),
+    "s390x": (270, 269),
+    "riscv64": (237, 236),
+}
+
+MPOL_DEFAULT = 0
+MPOL_PREFERRED = 1
+MPOL_BIND = 2
+MPOL_INTERLEAVE = 3
+MPOL_LOCAL = 4
+
+_MODE_NAMES = {
+    MPOL_DEFAULT: "default",
+    MPOL_PREFERRED: "preferred",
+    MPOL_BIND: "bind",
+    MPOL_INTERLEAVE: "interleave",
+    MPOL_LOCAL: "local",
+}
+
+
+class PlacementError(RuntimeError):
+    """The kernel refused a binding, or the binary refused the plan; the
+    message names what and says what to do."""
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _nodemask(nodes: Sequence[int]) -> "tuple[Any, int]":
+    words = (max(nodes) // 64 + 1) if nodes else 1
+    arr = (ctypes.c_ulong * words)()
+    for n in nodes:
+        arr[n // 64] |= 1 << (n % 64)
+    return arr, words * 64 + 1
+
+
+def set_mempolicy(mode: int, nodes: Sequence[int]) -> None:
+    """set_mempolicy(mode, nodes) for the calling thread (inherited by the
+    threads and processes it starts afterwards, kept across exec), with the
+    arguments `run` passes: no node mask for local and default."""
+    nums = _SYSCALLS.get(platform.machine())
+    if nums is None:
+        raise OSError(0, f"set_mempolicy: no system call number known for {platform.machine()}")
+    libc = _libc()
+    if mode in (MPOL_LOCAL, MPOL_DEFAULT) or not nodes:
+        r = libc.syscall(ctypes.c_long(nums[0]), ctypes.c_int(mode), None, ctypes.c_ulong(0))
+    else:
+        arr, maxnode = _nodemask(nodes)
+        r = libc.syscall(
+            ctypes.c_long(nums[0]), ctypes.c_int(mode), ctypes.byref(arr), ctypes.c_ulong(maxnode)
+        )
+    if r != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def get_mempolicy() -> "tuple[int, List[int]]":
+    """The calling thread's memory policy: (mode, nodes)."""
+    nums = _SYSCALLS.get(platform.machine())
+    if nums is None:
+        raise OSError(0, f"get_mempolicy: no system call number known for {platform.machine()}")
+    libc = _libc()
+    mode = ctypes.c_int(0)
+    words = 16  # 1024 nodes, the kernel's largest MAX_NUMNODES
+    arr = (ctypes.c_ulong * words)()
+    r = libc.syscall(
+        ctypes.c_long(nums[1]),
+        ctypes.byref(mode),
+        ctypes.byref(arr),
+        ctypes.c_ulong(words * 64),
+        None,
+        ctypes.c_ulong(0),
+    )
+    if r != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+    bits = 8 * ctypes.sizeof(ctypes.c_ulong)
+    nodes = [w * bits + b for w in range(words) for b in range(bits) if arr[w] >> b & 1]
+    return mode.value, nodes
+
+
+def mode_name(mode: Optional[int]) -> str:
+    return "none (inherited)" if mode is None else _MODE_NAMES.get(mode, str(mode))
+
+
+def threads_of(pid: "int | str" = "self") -> List[int]:
+    try:
+        return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return []
+
+
+def set_every_thread(cpus: Sequence[int], pid: "int | str" = "self") -> int:
+    """The CPU mask of every thread of process `pid` (threads started later
+    inherit it from the thread that starts them). Listed again until no new
+    thread appears, so one started during the walk is not missed. Returns how
+    many threads were set."""
+    done: Set[int] = set()
+    for _ in range(10):
+        new = [t for t in threads_of(pid) if t not in done]
+        if not new:
+            break
+        for tid in new:
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except ProcessLookupError:  # the thread ended meanwhile
+                pass
+            done.add(tid)
+    return len(done)
+
+
+def bind_doc(
+    local_rank: Optional[int],
+    local_world_size: Optional[int],
+    options: Sequence[str],
+    binary: Optional[str] = None,
+    env: Optional[Mapping[str, str]] = None,
+) -> Dict[str, Any]:
+    """`threadwise bind --json`: the node's plan and this rank's slice, from
+    the binary the wheel ships."""
+    exe = binary or os.environ.get("THREADWISE_BIN") or find_binary("threadwise")
+    if exe is None:
+        raise PlacementError(
+            "the threadwise binary is not installed beside this package: "
+            "reinstall with `pip install --force-reinstall threadwise`, or set THREADWISE_BIN"
+        )
+    argv = [exe, "bind", "--json", *options]
+    if local_rank is not None and local_world_size is not None:
+        argv += ["--local-rank", str(local_rank), "--local-world-size", str(local_world_size)]
+    try:
+        p = subprocess.run(
+            argv,
+            env=dict(env if env is not None else os.environ),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise PlacementError(f"cannot run {exe}: {e}") from None
+    if p.returncode != 0:
+        said = p.stderr.strip() or f"exit code {p.returncode}"
+        raise PlacementError(f"{' '.join(argv[1:])}: {said}")
+    doc: Dict[str, Any] = json.loads(p.stdout)
+    if doc.get("schema") != "threadwise.bind/1":
+        raise PlacementError(
+            f"{exe} printed a {doc.get('schema')!r} document, expected threadwise.bind/1: "
+            "the binary and the package come from different versions; reinstall threadwise"
+        )
+    return doc
+
+
+def place_thread(slot: Mapping[str, Any]) -> None:
+    """Bind the calling thread as the slot says (before a child is started
+    from it, so the child is born placed, as `run` does before exec)."""
+    cpus = slot.get("cpus")
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    mode = slot.get("mem_mode")
+    if mode is not None:
+        set_mempolicy(int(mode), [int(n) for n in slot.get("mem_nodes", [])])
+
+
+def refused(slot: Mapping[str, Any], what: str, e: OSError) -> PlacementError:
+    cpus = slot.get("cpus")
+    return PlacementError(
+        f"cannot bind local rank {slot.get('local_rank')} ({what} refused for CPUs "
+        f"{','.join(map(str, cpus)) if cpus else 'unbound'}, memory "
+        f"{mode_name(slot.get('mem_mode'))} {slot.get('mem_nodes', [])}): {e}; "
+        "a container's seccomp profile may forbid set_mempolicy (pass options=['--mem', 'none']), "
+        "or pass allow_unbound=True to run unbound"
+    )
+
+
+def set_torch_pools(threads: int, interop: Optional[int]) -> List[str]:
+    """torch's intra- and inter-op pools (and OpenCV's), when the script has
+    imported them; returns what could not be set, for a warning."""
+    notes: List[str] = []
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "set_num_threads"):
+        torch.set_num_threads(threads)
+        if interop is not None and torch.get_num_interop_threads() != interop:
+            try:
+                torch.set_num_interop_threads(interop)
+            except RuntimeError:
+                notes.append(
+                    f"torch's inter-op pool already started with {torch.get_num_interop_threads()} "
+                    f"threads (the plan says {interop}): call threadwise.apply() before the first "
+                    "parallel work"
+                )
+    cv2 = sys.modules.get("cv2")
+    if cv2 is not None and hasattr(cv2, "setNumThreads"):
+        cv2.setNumThreads(threads)
+    return notes
+
+
+def _exe(pid: "int | str") -> Optional[str]:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
+class WorkerMover(threading.Thread):
+    """What `run`'s supervisor does from outside, done from inside for ranks
+    no threadwise supervises: every 100 ms, each child running this program
+    (a DataLoader worker: a fork, or a re-exec of this interpreter) gets the
+    worker CPUs on every thread; a child whose thread count changed is set
+    again. A daemon thread: it ends with the process."""
+
+    def __init__(self, cpus: Sequence[int], interval: float = 0.1) -> None:
+        super().__init__(name="threadwise-worker-mover", daemon=True)
+        self.cpus = list(cpus)
+        self.interval = interval
+        self.seen: Dict[int, int] = {}
+        self.stopped = threading.Event()
+        self.me = _exe("self")
+
+    def children(self) -> List[int]:
+        out: List[int] = []
+        for tid in threads_of("self"):
+            try:
+                with open(f"/proc/self/task/{tid}/children") as f:
+                    out += [int(p) for p in f.read().split()]
+            except OSError:
+                pass
+        return out
+
+    def tick(self) -> int:
+        moved = 0
+        alive = self.children()
+        for pid in alive:
+            if _exe(pid) != self.me:
+                continue
+            n = len(threads_of(pid))
+            if self.seen.get(pid) == n:
+                continue
+            try:
+                set_every_thread(self.cpus, pid)
+                moved += 1
+            except OSError:
+                pass
+            self.seen[pid] = n
+        for gone in set(self.seen) - set(alive):
+            del self.seen[gone]
+        return moved
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            self.tick()
