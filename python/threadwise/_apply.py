@@ -10,8 +10,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from . import _place
 
-#: The slice applied to this process (by pid: a fork does not inherit it).
-_applied: Dict[int, Dict[str, Any]] = {}
+#: This process's worker mover (by pid: a fork does not inherit the thread).
 _movers: Dict[int, _place.WorkerMover] = {}
 
 
@@ -70,7 +69,6 @@ def apply_slot(
         m = _place.WorkerMover(workers)
         m.start()
         _movers[pid] = m
-    _applied[pid] = dict(slot)
 
 
 def _placed_by_threadwise(

@@ -346,31 +346,17 @@ fn bind_json_gives_the_slice_the_python_helper_applies() {
     assert_eq!(b["env"]["LOCAL_RANK"], "1");
     assert!(a["env"].get("LOCAL_RANK").is_none());
     // --mem preferred names one node; --mem none makes no call.
-    let c = from(
-        &[
-            "--local-rank",
-            "0",
-            "--local-world-size",
-            "1",
-            "--mem",
-            "preferred",
-        ],
-        &[],
-    );
-    assert_eq!(c["placements"][0]["mem_mode"], 1);
-    assert_eq!(c["placements"][0]["mem_nodes"], serde_json::json!([0]));
-    let c = from(
-        &[
-            "--local-rank",
-            "0",
-            "--local-world-size",
-            "1",
-            "--mem",
-            "none",
-        ],
-        &[],
-    );
-    assert!(c["placements"][0]["mem_mode"].is_null());
+    for (mem, mode, nodes) in [
+        ("preferred", serde_json::json!(1), serde_json::json!([0])),
+        ("none", serde_json::Value::Null, serde_json::json!([0])),
+    ] {
+        let args = ["--local-rank", "0", "--local-world-size", "1", "--mem", mem];
+        let c = from(&args, &[]);
+        assert_eq!(c["placements"][0]["mem_mode"], mode, "--mem {mem}");
+        if !mode.is_null() {
+            assert_eq!(c["placements"][0]["mem_nodes"], nodes, "--mem {mem}");
+        }
+    }
     // Wrong numbers are named.
     for (args, says) in [
         (
