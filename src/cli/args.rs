@@ -308,9 +308,14 @@ pub(crate) struct RunCmd {
     /// agents serve both, and stay the supervisor on every node)
     #[arg(long, alias = "rdzv_backend", default_value = "c10d", value_parser = ["c10d", "static"])]
     pub rdzv_backend: String,
-    /// How long the rendezvous waits for every node to join
-    #[arg(long, default_value = "600", value_name = "SECS", value_parser = parse_wait)]
-    pub rdzv_timeout: Duration,
+    /// How long the rendezvous waits for every node to join [default: 600, or
+    /// --rdzv-conf's join_timeout]
+    #[arg(long, value_name = "SECS", value_parser = parse_wait)]
+    pub rdzv_timeout: Option<Duration>,
+    /// torchrun's rendezvous settings, KEY=VALUE,...: join_timeout (seconds)
+    /// is --rdzv-timeout; torchrun's other keys are accepted and have no effect
+    #[arg(long, alias = "rdzv_conf", value_name = "KEY=VALUE,...", value_parser = parse_rdzv_conf)]
+    pub rdzv_conf: Option<RdzvConf>,
     /// A node (or the rendezvous host) silent this long is lost, and the job ends
     #[arg(long, default_value = "10", value_name = "SECS", value_parser = parse_wait)]
     pub heartbeat_timeout: Duration,
@@ -331,9 +336,85 @@ pub(crate) struct RunCmd {
     /// Use a saved plan (threadwise tune --save-plan) instead of planning
     #[arg(long = "plan", value_name = "FILE")]
     pub plan_file: Option<PathBuf>,
-    /// The command each rank runs (no shell in between)
-    #[arg(last = true, value_name = "CMD", required = true)]
+    /// ROLE_NAME for every rank (torchrun's --role)
+    #[arg(long, default_value = crate::launch::env::DEFAULT_ROLE, value_name = "NAME")]
+    pub role: String,
+    /// torchrun's form: the script is a program to run as it is, not Python
+    #[arg(long, alias = "no_python", conflicts_with = "module")]
+    pub no_python: bool,
+    /// torchrun's form: run the script as a Python module (python -u -m SCRIPT)
+    #[arg(short = 'm', long)]
+    pub module: bool,
+    /// Accepted for torchrun's command lines: one node is standalone already
+    #[arg(long)]
+    pub standalone: bool,
+    /// Accepted for torchrun's command lines: the ranks' output always
+    /// reaches the terminal, and --log-dir writes it to files
+    #[arg(short = 't', long, value_name = "STD", hide = true)]
+    pub tee: Option<String>,
+    /// Accepted for torchrun's command lines, as --tee
+    #[arg(short = 'r', long, value_name = "STD", hide = true)]
+    pub redirects: Option<String>,
+    /// The command each rank runs after `--`, as it is (no shell in between);
+    /// or torchrun's form, without `--`: SCRIPT [ARGS] runs `python -u SCRIPT
+    /// ARGS` (with -m a module, with --no-python the program itself)
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD",
+        required = true
+    )]
     pub command: Vec<OsString>,
+    /// Whether `--` came right before the command (set after parsing).
+    #[arg(skip)]
+    pub after_dashes: bool,
+}
+
+/// torchrun's `--rdzv-conf`: the keys threadwise uses, and the rest.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RdzvConf {
+    pub join_timeout: Option<Duration>,
+    /// torchrun's keys that change nothing here.
+    pub inert: Vec<String>,
+}
+
+/// torchrun's rendezvous keys (`torch/distributed/elastic/rendezvous`) that
+/// threadwise's rendezvous has no use for: its timeouts are its own
+/// (--heartbeat-timeout), and its store is the ranks' own.
+const INERT_RDZV_KEYS: &[&str] = &[
+    "last_call_timeout",
+    "close_timeout",
+    "timeout",
+    "read_timeout",
+    "is_host",
+    "use_agent_store",
+    "keep_alive_interval",
+    "keep_alive_max_attempt",
+    "heartbeat",
+];
+
+pub(super) fn parse_rdzv_conf(s: &str) -> Result<RdzvConf, String> {
+    let mut conf = RdzvConf {
+        join_timeout: None,
+        inert: vec![],
+    };
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((k, v)) = part.split_once('=') else {
+            return Err(format!("{part:?}: expected KEY=VALUE"));
+        };
+        let (k, v) = (k.trim(), v.trim());
+        match k {
+            "join_timeout" => conf.join_timeout = Some(parse_wait(v)?),
+            k if INERT_RDZV_KEYS.contains(&k) => conf.inert.push(k.to_string()),
+            k => {
+                return Err(format!(
+                    "{k:?} is no rendezvous setting torchrun knows (join_timeout, {})",
+                    INERT_RDZV_KEYS.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(conf)
 }
 
 #[derive(Args, Debug)]

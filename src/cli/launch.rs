@@ -2,7 +2,9 @@
 //! (`launch::settings::RunSettings`, one node's agent settings), then the launch
 //! entry point (`launch::job`) or bind's exec; the result into an exit code.
 
+use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::args::{BindCmd, RunCmd};
 use super::pet::{self, FromEnv};
@@ -49,6 +51,97 @@ impl From<JobError> for Failure {
     }
 }
 
+/// How long the rendezvous waits: --rdzv-timeout, else --rdzv-conf's
+/// join_timeout, else torchrun's 600 s.
+fn join_timeout(a: &RunCmd) -> Duration {
+    a.rdzv_timeout
+        .or_else(|| a.rdzv_conf.as_ref().and_then(|c| c.join_timeout))
+        .unwrap_or(Duration::from_secs(600))
+}
+
+/// The command each rank runs. After `--`, as given. Without it, torchrun's
+/// form: `SCRIPT ARGS` runs `python -u SCRIPT ARGS` (`-m`: `python -u -m
+/// MODULE ARGS`; `--no-python`: SCRIPT is the program), with the first of
+/// python and python3 on PATH (`find`), since threadwise is no Python
+/// program whose own interpreter could be used as torchrun uses its own.
+/// Also what to say about it.
+fn rank_command(
+    a: &RunCmd,
+    find: &dyn Fn(&str) -> bool,
+    is_file: &dyn Fn(&OsStr) -> bool,
+) -> Result<(Vec<OsString>, Option<String>), Failure> {
+    let cmd = a.command.clone();
+    if a.after_dashes {
+        if a.module {
+            return Err(Failure::usage(
+                "-m (--module) goes with torchrun's form, without --",
+                "threadwise run [OPTIONS] -m pkg.train ARGS, or -- python -m pkg.train ARGS",
+            ));
+        }
+        return Ok((cmd, None));
+    }
+    if a.no_python {
+        return Ok((cmd, None));
+    }
+    let Some(python) = ["python", "python3"].into_iter().find(|p| find(p)) else {
+        return Err(Failure::env(
+            "torchrun's form (no --) runs the script with Python, but neither python nor \
+             python3 is on PATH",
+            "put -- before the command to run it as it is, or add --no-python",
+        ));
+    };
+    let first = &cmd[0];
+    if !a.module && !is_file(first) && find(&first.to_string_lossy()) {
+        let f = first.to_string_lossy();
+        return Err(Failure::usage(
+            format!(
+                "{f} is a program, not a script: without --, torchrun's form runs \
+                 `{python} -u SCRIPT`"
+            ),
+            format!(
+                "put -- before the command (threadwise run [OPTIONS] -- {f} ...), or add --no-python"
+            ),
+        ));
+    }
+    let mut argv: Vec<OsString> = vec![python.into(), "-u".into()];
+    if a.module {
+        argv.push("-m".into());
+    }
+    argv.extend(cmd);
+    let shown: Vec<String> = argv
+        .iter()
+        .take(4)
+        .map(|s| s.to_string_lossy().into_owned())
+        .collect();
+    let note = format!(
+        "torchrun's form (no --): each rank runs {}{}",
+        shown.join(" "),
+        if argv.len() > 4 { " ..." } else { "" }
+    );
+    Ok((argv, Some(note)))
+}
+
+/// What the torchrun options that change nothing here mean, said once.
+fn inert_notes(a: &RunCmd) -> Vec<String> {
+    let mut notes = vec![];
+    if a.tee.is_some() || a.redirects.is_some() {
+        notes.push(
+            "--tee/--redirects: the ranks' output always reaches the terminal, prefixed; \
+             --log-dir also writes it to files"
+                .into(),
+        );
+    }
+    if let Some(c) = &a.rdzv_conf
+        && !c.inert.is_empty()
+    {
+        notes.push(format!(
+            "--rdzv-conf {}: no effect on threadwise's rendezvous (join_timeout is the one it reads)",
+            c.inert.join(", ")
+        ));
+    }
+    notes
+}
+
 /// The agent's settings from the options; the run id defaults to Slurm's job id.
 fn agent_config(a: &RunCmd, nproc: usize) -> AgentConfig {
     AgentConfig {
@@ -66,7 +159,7 @@ fn agent_config(a: &RunCmd, nproc: usize) -> AgentConfig {
         nproc,
         max_restarts: a.max_restarts,
         master_port: a.master_port,
-        join_timeout: a.rdzv_timeout,
+        join_timeout: join_timeout(a),
         heartbeat_timeout: a.heartbeat_timeout,
         host: crate::os::hostname(),
         linger: a.grace + std::time::Duration::from_secs(3),
@@ -111,6 +204,7 @@ fn run_settings(
         allow_unbound: a.allow_unbound,
         watcher: Some(Box::new(TopWatcher { live: a.top })),
         quiet: a.quiet,
+        role: a.role,
         cluster,
     })
 }
@@ -131,12 +225,27 @@ fn run_request(a: &RunCmd) -> Result<PlanRequest, Failure> {
 }
 
 pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> {
-    let Some(first) = a.command.first() else {
+    if a.command.is_empty() {
         return Err(LaunchError::NoCommand.into());
-    };
-    let program = resolve(first)?;
+    }
+    if a.standalone && a.plan.nnodes > 1 {
+        return Err(Failure::usage(
+            format!(
+                "--standalone with --nnodes {}: a standalone job is one node",
+                a.plan.nnodes
+            ),
+            "drop --standalone, and give every node the same --rdzv-endpoint",
+        ));
+    }
+    let on_path = |p: &str| which::which(p).is_ok();
+    let is_file = |p: &OsStr| std::path::Path::new(p).is_file();
+    let (command, form) = rank_command(&a, &on_path, &is_file)?;
+    a.command = command;
+    let program = resolve(&a.command[0])?;
     // What came from torchrun's environment, said at start-up and in the dry run.
     let mut notes: Vec<String> = pet::said(from_env).into_iter().collect();
+    notes.extend(form);
+    notes.extend(inert_notes(&a));
     // torchrun's static shape (node ranks and a master, no endpoint, as
     // Kubeflow's trainer v2 gives): the rendezvous at MASTER_ADDR:MASTER_PORT,
     // the ranks' MASTER_PORT a free port of node 0 (torchrun's static backend
@@ -222,4 +331,121 @@ pub(super) fn bind_cmd(a: BindCmd) -> Result<Exit, Failure> {
         return super::emit(&prepare::dry_run(&one, &[l], false, &current));
     }
     Err(bind::exec_rank(&l, a.allow_unbound).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Command, parse};
+
+    fn run_cmd(args: &[&str]) -> RunCmd {
+        let argv: Vec<OsString> = ["threadwise", "run"]
+            .iter()
+            .chain(args)
+            .map(OsString::from)
+            .collect();
+        match parse(&argv).unwrap().command {
+            Command::Run(a) => a,
+            _ => unreachable!(),
+        }
+    }
+
+    fn command(args: &[&str], programs: &[&str]) -> Result<(Vec<String>, Option<String>), String> {
+        let find = |p: &str| programs.contains(&p);
+        let is_file = |p: &OsStr| p.to_string_lossy().ends_with(".py");
+        rank_command(&run_cmd(args), &find, &is_file)
+            .map(|(c, n)| {
+                (
+                    c.iter().map(|s| s.to_string_lossy().into_owned()).collect(),
+                    n,
+                )
+            })
+            .map_err(|f| format!("{} / {}", f.message, f.hint.unwrap_or_default()))
+    }
+
+    #[test]
+    fn after_dashes_the_command_is_run_as_given() {
+        let (c, note) =
+            command(&["-n", "2", "--", "python", "t.py", "--", "x"], &["python"]).unwrap();
+        assert_eq!(c, ["python", "t.py", "--", "x"]);
+        assert_eq!(note, None);
+        assert!(
+            command(&["-m", "--", "python", "-m", "x"], &["python"])
+                .unwrap_err()
+                .contains("-m")
+        );
+    }
+
+    #[test]
+    fn torchruns_form_runs_python_unbuffered() {
+        // TorchX's dist.ddp command line, with `threadwise run` for torchrun.
+        let torchx = [
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint",
+            "localhost:29500",
+            "--rdzv_id",
+            "app-1",
+            "--nnodes",
+            "2",
+            "--nproc_per_node",
+            "1",
+            "--tee",
+            "3",
+            "--role",
+            "",
+            "train.py",
+            "--lr",
+            "0.1",
+        ];
+        let (c, note) = command(&torchx, &["python3"]).unwrap();
+        assert_eq!(c, ["python3", "-u", "train.py", "--lr", "0.1"]);
+        assert!(note.unwrap().contains("python3 -u train.py --lr ..."));
+        let a = run_cmd(&torchx);
+        assert_eq!((a.role.as_str(), a.tee.as_deref()), ("", Some("3")));
+        assert_eq!(inert_notes(&a).len(), 1);
+        // python before python3, as a venv has both.
+        let (c, _) = command(&["-m", "pkg.train", "-x"], &["python", "python3"]).unwrap();
+        assert_eq!(c, ["python", "-u", "-m", "pkg.train", "-x"]);
+        let (c, _) = command(&["--no-python", "./rank.sh", "a"], &[]).unwrap();
+        assert_eq!(c, ["./rank.sh", "a"]);
+    }
+
+    #[test]
+    fn a_program_without_dashes_or_no_python_is_refused_by_name() {
+        let e = command(&["-n", "2", "python", "train.py"], &["python"]).unwrap_err();
+        assert!(
+            e.contains("python is a program, not a script") && e.contains("-- python"),
+            "{e}"
+        );
+        let e = command(&["train.py"], &[]).unwrap_err();
+        assert!(e.contains("neither python nor python3"), "{e}");
+    }
+
+    #[test]
+    fn the_join_timeout_comes_from_the_flag_then_rdzv_conf_then_600() {
+        assert_eq!(
+            join_timeout(&run_cmd(&["--", "x"])),
+            Duration::from_secs(600)
+        );
+        let conf = run_cmd(&["--rdzv-conf", "join_timeout=900,read_timeout=60", "--", "x"]);
+        assert_eq!(join_timeout(&conf), Duration::from_secs(900));
+        assert!(inert_notes(&conf)[0].contains("read_timeout"));
+        let both = run_cmd(&[
+            "--rdzv-timeout",
+            "30",
+            "--rdzv_conf=join_timeout=900",
+            "--",
+            "x",
+        ]);
+        assert_eq!(join_timeout(&both), Duration::from_secs(30));
+        for bad in ["join_timeout=soon", "etcd_prefix=/x", "join_timeout"] {
+            let argv: Vec<OsString> = ["threadwise", "run", "--rdzv-conf", bad, "--", "x"]
+                .iter()
+                .map(OsString::from)
+                .collect();
+            let e = parse(&argv).expect_err(bad).to_string();
+            assert!(e.contains("--rdzv-conf"), "{bad}: {e}");
+        }
+    }
 }

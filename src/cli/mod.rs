@@ -10,6 +10,7 @@ mod top;
 mod topo;
 mod tune;
 
+use std::ffi::OsString;
 use std::io::Write;
 
 use clap::Parser;
@@ -97,10 +98,32 @@ fn generated(command: &Command) -> Result<Exit, Failure> {
     emit(&String::from_utf8_lossy(&out))
 }
 
+/// Where `run`'s command starts in `argv`, as clap reads it (None for any
+/// other subcommand, or a command line clap refuses as it stands).
+fn command_at(argv: &[OsString]) -> Option<usize> {
+    match Cli::try_parse_from(argv).ok()?.command {
+        Command::Run(a) => Some(argv.len() - a.command.len().min(argv.len())),
+        _ => None,
+    }
+}
+
+/// clap's reading of `argv`, with what clap does not say: whether `run`'s
+/// command came right after `--` (run as given) or not (torchrun's form).
+pub(super) fn parse(argv: &[OsString]) -> Result<Cli, clap::Error> {
+    let mut c = Cli::try_parse_from(argv)?;
+    if let Command::Run(a) = &mut c.command {
+        let k = argv.len() - a.command.len().min(argv.len());
+        a.after_dashes = k > 0 && argv[k - 1] == "--";
+    }
+    Ok(c)
+}
+
 /// Parse the arguments, run, and return the process exit code.
 pub(crate) fn main() -> i32 {
     let env = |k: &str| std::env::var(k).ok();
-    let (argv, from_env) = match pet::run_args(std::env::args_os().collect(), &env) {
+    let raw: Vec<OsString> = std::env::args_os().collect();
+    let at = command_at(&raw);
+    let (argv, from_env) = match pet::run_args(raw, at, &env) {
         Ok(x) => x,
         Err(r) => {
             crate::say!("error: {}={}: {}", r.var, r.value, r.why);
@@ -108,7 +131,7 @@ pub(crate) fn main() -> i32 {
             return 2;
         }
     };
-    let cli = match Cli::try_parse_from(argv) {
+    let cli = match parse(&argv) {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() { 2 } else { 0 };

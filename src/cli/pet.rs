@@ -53,6 +53,26 @@ const SHARED: &[(&str, &str, &[&str])] = &[
         "--local-ranks-filter",
         &["--local-ranks-filter", "--local_ranks_filter"],
     ),
+    (
+        "PET_RDZV_CONF",
+        "--rdzv-conf",
+        &["--rdzv-conf", "--rdzv_conf"],
+    ),
+    ("PET_ROLE", "--role", &["--role"]),
+    ("PET_TEE", "--tee", &["--tee", "-t"]),
+    ("PET_REDIRECTS", "--redirects", &["--redirects", "-r"]),
+];
+
+/// torchrun's switches (`check_env`): set when `PET_<OPTION>` is a non-zero
+/// integer, as torchrun reads them.
+const SWITCHES: &[(&str, &str, &[&str])] = &[
+    ("PET_STANDALONE", "--standalone", &["--standalone"]),
+    (
+        "PET_NO_PYTHON",
+        "--no-python",
+        &["--no-python", "--no_python"],
+    ),
+    ("PET_MODULE", "--module", &["--module", "-m"]),
 ];
 
 /// One option taken from the environment.
@@ -94,14 +114,22 @@ fn given(options: &[OsString], spellings: &[&str]) -> bool {
 /// give put in as flags, and which ones were; argv unchanged for any other
 /// subcommand. torchrun's `--nnodes MIN:MAX` with MIN = MAX is one count;
 /// an elastic range is refused (run has no elastic membership).
+///
+/// `command_at` is where the command starts in `argv` when the caller
+/// knows (clap's reading of it); otherwise the first `--` ends our options.
+/// What follows is the user's, never read as ours.
 pub(super) fn run_args(
     argv: Vec<OsString>,
+    command_at: Option<usize>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(Vec<OsString>, Vec<FromEnv>), Refused> {
     if argv.get(1).map(|a| a.as_os_str()) != Some("run".as_ref()) {
         return Ok((argv, vec![]));
     }
-    let end = argv.iter().position(|a| a == "--").unwrap_or(argv.len());
+    let end = command_at
+        .or_else(|| argv.iter().position(|a| a == "--"))
+        .unwrap_or(argv.len())
+        .min(argv.len());
     let options = &argv[2..end.max(2)];
     let mut taken = vec![];
     for (var, flag, spellings) in SHARED {
@@ -118,12 +146,31 @@ pub(super) fn run_args(
         };
         taken.push(FromEnv { var, flag, value });
     }
+    let mut switches = vec![];
+    for (var, flag, spellings) in SWITCHES {
+        let Some(value) = env(var).map(|v| v.trim().to_string()) else {
+            continue;
+        };
+        if value.is_empty() || given(options, spellings) {
+            continue;
+        }
+        let on = value.parse::<i64>().map_err(|_| Refused {
+            var,
+            value: value.clone(),
+            why: "torchrun reads this switch as an integer: 1 sets it, 0 leaves it unset".into(),
+        })?;
+        if on != 0 {
+            switches.push(FromEnv { var, flag, value });
+        }
+    }
     let mut out: Vec<OsString> = argv[..2].to_vec();
     out.extend(
         taken
             .iter()
             .map(|t| OsString::from(format!("{}={}", t.flag, t.value))),
     );
+    out.extend(switches.iter().map(|t| OsString::from(t.flag)));
+    taken.extend(switches);
     out.extend(argv[2..].iter().cloned());
     Ok((out, taken))
 }
@@ -191,6 +238,7 @@ mod tests {
                 "--nnodes",
                 "9",
             ]),
+            None,
             &env,
         )
         .unwrap();
@@ -232,7 +280,7 @@ mod tests {
             let mut v = vec!["tw", "run"];
             v.extend(given);
             v.extend(["--", "true"]);
-            let (_, taken) = run_args(args(&v), &env).unwrap();
+            let (_, taken) = run_args(args(&v), None, &env).unwrap();
             assert!(taken.is_empty(), "{given:?}");
         }
     }
@@ -241,11 +289,55 @@ mod tests {
     fn other_subcommands_are_untouched_and_an_elastic_range_is_refused() {
         let env = env_of(&[("PET_NNODES", "1:4"), ("PET_NPROC_PER_NODE", "2")]);
         let plan = args(&["tw", "plan", "-n", "2"]);
-        assert_eq!(run_args(plan.clone(), &env).unwrap(), (plan, vec![]));
-        let e = run_args(args(&["tw", "run", "--", "true"]), &env).unwrap_err();
+        assert_eq!(run_args(plan.clone(), None, &env).unwrap(), (plan, vec![]));
+        let e = run_args(args(&["tw", "run", "--", "true"]), None, &env).unwrap_err();
         assert_eq!((e.var, e.value.as_str()), ("PET_NNODES", "1:4"));
+        let env = env_of(&[("PET_NO_PYTHON", "yes")]);
+        let e = run_args(args(&["tw", "run", "x"]), None, &env).unwrap_err();
+        assert_eq!(e.var, "PET_NO_PYTHON");
         let env = env_of(&[("PET_NNODES", "2:2")]);
-        let (argv, _) = run_args(args(&["tw", "run", "--", "true"]), &env).unwrap();
+        let (argv, _) = run_args(args(&["tw", "run", "--", "true"]), None, &env).unwrap();
         assert_eq!(argv[2], "--nnodes=2");
+    }
+
+    #[test]
+    fn switches_and_rendezvous_settings_come_from_the_environment_as_torchrun_reads_them() {
+        let vars: &[(&str, &str)] = &[
+            ("PET_NO_PYTHON", "1"),
+            ("PET_STANDALONE", "0"),
+            ("PET_MODULE", ""),
+            ("PET_RDZV_CONF", "join_timeout=900"),
+            ("PET_ROLE", "trainer"),
+        ];
+        let env = |k: &str| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        };
+        let argv: Vec<OsString> = ["tw", "run", "--role", "x", "sh", "a.sh"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        let (out, taken) = run_args(argv, Some(4), &env).unwrap();
+        let out: Vec<String> = out
+            .iter()
+            .map(|o| o.to_string_lossy().into_owned())
+            .collect();
+        // 0 and empty leave a switch unset; the command line's --role wins.
+        assert_eq!(
+            out,
+            [
+                "tw",
+                "run",
+                "--rdzv-conf=join_timeout=900",
+                "--no-python",
+                "--role",
+                "x",
+                "sh",
+                "a.sh"
+            ]
+        );
+        let names: Vec<&str> = taken.iter().map(|t| t.var).collect();
+        assert_eq!(names, ["PET_RDZV_CONF", "PET_NO_PYTHON"]);
     }
 }

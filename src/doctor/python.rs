@@ -1,7 +1,8 @@
 //! The Python side, probed by running the interpreter once (bounded in time):
 //! torch's version and build (CUDA, cuDNN), the OpenMP runtimes loaded into
 //! one process after `import torch, numpy`, the threads a rank would start
-//! with, and what `os.cpu_count()` tells DataLoader formulas.
+//! with (compute, inter-op, torch.compile's compile workers), and what
+//! `os.cpu_count()` tells DataLoader formulas.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -22,6 +23,15 @@ try:
     out["cuda"] = torch.version.cuda
     out["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     out["threads"] = torch.get_num_threads()
+    out["interop"] = torch.get_num_interop_threads()
+    try:
+        # Inductor sizes its compile-worker pool at import, from
+        # TORCHINDUCTOR_COMPILE_THREADS or min(32, CPUs in the mask).
+        from torch._inductor import config as inductor_config
+        out["compile_threads"] = int(inductor_config.compile_threads)
+        out["compile_threads_var"] = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")
+    except Exception:
+        pass
 except Exception as e:
     out["torch_error"] = "%s: %s" % (type(e).__name__, e)
 try:
@@ -50,6 +60,15 @@ pub(crate) struct Probe {
     pub cuda: Option<String>,
     pub cudnn: Option<u64>,
     pub threads: Option<usize>,
+    /// torch's inter-op pool (`torch.get_num_interop_threads()`).
+    #[serde(default)]
+    pub interop: Option<usize>,
+    /// The compile workers torch.compile would start (Inductor's `compile_threads`).
+    #[serde(default)]
+    pub compile_threads: Option<usize>,
+    /// TORCHINDUCTOR_COMPILE_THREADS as the interpreter saw it.
+    #[serde(default)]
+    pub compile_threads_var: Option<String>,
     pub torch_error: Option<String>,
     #[serde(default)]
     pub openmp: Vec<String>,
@@ -107,7 +126,9 @@ fn version_below(v: &str, major: u64, minor: u64) -> bool {
 pub(crate) fn findings(p: &Probe, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {
     out.push(torch(p));
     out.extend(openmp(p));
-    threads_and_cpus(p, topo, super::checks::ranks(topo, req), out);
+    let n = super::checks::ranks(topo, req);
+    threads_and_cpus(p, topo, n, out);
+    out.extend(pools(p, topo, n));
 }
 
 /// Which torch imports, and whether it is as new as the guides ask.
@@ -237,4 +258,66 @@ fn threads_and_cpus(p: &Probe, topo: &Topology, n: usize, out: &mut Vec<Finding>
             .fix("use len(os.sched_getaffinity(0)) or THREADWISE_NUM_WORKERS (set by threadwise run)"),
         );
     }
+}
+
+/// The pools besides the compute threads that a rank started here would
+/// start: torch's inter-op pool and torch.compile's compile workers, each
+/// against one rank's share of the CPU budget.
+fn pools(p: &Probe, topo: &Topology, n: usize) -> Option<Finding> {
+    if p.interop.is_none() && p.compile_threads.is_none() {
+        return None;
+    }
+    let per = (topo.cpu_budget / n as f64).max(1.0);
+    let said = |v: Option<usize>| v.map_or("unknown".to_string(), |v| v.to_string());
+    let evidence = format!(
+        "torch.get_num_interop_threads() = {}, torch._inductor.config.compile_threads = {}{}",
+        said(p.interop),
+        said(p.compile_threads),
+        p.compile_threads_var
+            .as_ref()
+            .map(|v| format!(" (TORCHINDUCTOR_COMPILE_THREADS={v})"))
+            .unwrap_or_default()
+    );
+    let over: Vec<String> = [
+        ("compile workers (torch.compile)", p.compile_threads),
+        ("inter-op threads", p.interop),
+    ]
+    .iter()
+    .filter_map(|(what, v)| {
+        v.filter(|&v| v as f64 > per * 1.01)
+            .map(|v| format!("{v} {what}"))
+    })
+    .collect();
+    let f = if over.is_empty() {
+        Finding::new(
+            "python.pools",
+            Area::Python,
+            Severity::Ok,
+            format!(
+                "a rank started here would start {} compile worker(s) and {} inter-op thread(s): \
+                 within its share of {per:.2} CPUs",
+                said(p.compile_threads),
+                said(p.interop)
+            ),
+        )
+    } else {
+        Finding::new(
+            "python.pools",
+            Area::Python,
+            Severity::Warn,
+            format!(
+                "a rank started here would start {}; {n} rank(s) share {:.2} CPUs ({per:.2} each)",
+                over.join(" and "),
+                topo.cpu_budget
+            ),
+        )
+        .fix(format!(
+            "threadwise run -n {n} -- CMD   # sets TORCHINDUCTOR_COMPILE_THREADS; \
+             threadwise.apply() or torch.set_num_interop_threads({}) sizes the inter-op pool; \
+             or export TORCHINDUCTOR_COMPILE_THREADS={}",
+            per.floor(),
+            per.floor()
+        ))
+    };
+    Some(f.evidence(evidence))
 }

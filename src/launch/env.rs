@@ -12,6 +12,8 @@ pub(crate) struct Job {
     pub master_addr: String,
     pub master_port: u16,
     pub run_id: String,
+    /// ROLE_NAME (torchrun's `--role`, "default" unless given).
+    pub role: String,
     /// This node's rank among `nnodes` (GROUP_RANK).
     pub node_rank: usize,
     pub nnodes: usize,
@@ -31,6 +33,7 @@ impl Job {
             master_addr: master_addr.to_string(),
             master_port,
             run_id,
+            role: DEFAULT_ROLE.to_string(),
             node_rank: 0,
             nnodes: 1,
             rank_offset: 0,
@@ -40,6 +43,9 @@ impl Job {
         }
     }
 }
+
+/// torchrun's role name when `--role` is not given.
+pub(crate) const DEFAULT_ROLE: &str = "default";
 
 /// torchrun's per-worker variables for local rank `local`.
 pub(crate) fn torchrun_env(job: &Job, local: usize) -> BTreeMap<String, String> {
@@ -51,7 +57,7 @@ pub(crate) fn torchrun_env(job: &Job, local: usize) -> BTreeMap<String, String> 
         ("LOCAL_RANK", local.to_string()),
         ("GROUP_RANK", job.node_rank.to_string()),
         ("ROLE_RANK", global),
-        ("ROLE_NAME", "default".to_string()),
+        ("ROLE_NAME", job.role.clone()),
         ("LOCAL_WORLD_SIZE", n),
         ("WORLD_SIZE", world.clone()),
         ("GROUP_WORLD_SIZE", job.nnodes.to_string()),

@@ -16,7 +16,7 @@ pub(crate) fn dry_run(s: &RunSettings) -> Result<String, JobError> {
     if let Some(c) = &s.cluster {
         return Ok(super::cluster::rounds::dry_run(s, &c.agent));
     }
-    let launches = node_launches(&s.plan, &s.command, &s.master_addr, s.master_port)?;
+    let launches = node_launches(&s.plan, &s.command, &s.master_addr, s.master_port, &s.role)?;
     let contain = super::contain::JobCgroup::probe();
     let shown = prepare::dry_run(&s.plan, &launches, s.move_workers, &current);
     Ok(format!("{shown}containment: {contain}\n"))
@@ -28,7 +28,7 @@ pub(crate) fn run(s: &RunSettings) -> Result<i32, JobError> {
     if let Some(c) = &s.cluster {
         return super::cluster::rounds::run(s, c);
     }
-    let mut launches = node_launches(&s.plan, &s.command, &s.master_addr, s.master_port)?;
+    let mut launches = node_launches(&s.plan, &s.command, &s.master_addr, s.master_port, &s.role)?;
     before_start(s, &launches);
     if let Some(w) = prepare::check_bindings(&mut launches, s.allow_unbound)? {
         crate::say!("threadwise: warning: {w}");

@@ -204,18 +204,23 @@ pub(crate) fn plan_launches(p: &Plan, argv: &[OsString], job: &env::Job) -> Vec<
 }
 
 /// A plan's launches on this node with torchrun's contract: rank 0 at
-/// `master_addr`, listening on `port` (a free one when None).
+/// `master_addr`, listening on `port` (a free one when None), in `role`
+/// (ROLE_NAME).
 pub(crate) fn node_launches(
     p: &Plan,
     argv: &[OsString],
     master_addr: &str,
     port: Option<u16>,
+    role: &str,
 ) -> Result<Vec<RankLaunch>, LaunchError> {
     let master_port = match port {
         Some(p) => p,
         None => env::free_port().map_err(LaunchError::Port)?,
     };
-    let job = env::Job::single(p.nproc, master_addr, master_port, env::run_id());
+    let job = env::Job {
+        role: role.to_string(),
+        ..env::Job::single(p.nproc, master_addr, master_port, env::run_id())
+    };
     Ok(plan_launches(p, argv, &job))
 }
 

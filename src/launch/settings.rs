@@ -44,6 +44,8 @@ pub(crate) struct RunSettings {
     pub watcher: Option<Box<dyn Watcher>>,
     /// No per-rank summary at the end.
     pub quiet: bool,
+    /// ROLE_NAME for every rank (torchrun's `--role`).
+    pub role: String,
     /// One node of many: the rendezvous to join.
     pub cluster: Option<ClusterSettings>,
 }

@@ -63,7 +63,14 @@ impl Runner {
 
     fn launches(&self, c: &TuneConfig) -> Result<Vec<RankLaunch>, String> {
         let p = self.plan_of(c)?;
-        let ls = node_launches(&p, &self.argv, "127.0.0.1", None).map_err(|e| e.to_string())?;
+        let ls = node_launches(
+            &p,
+            &self.argv,
+            "127.0.0.1",
+            None,
+            crate::launch::env::DEFAULT_ROLE,
+        )
+        .map_err(|e| e.to_string())?;
         check_placements(&ls).map_err(|e| e.to_string())?;
         Ok(ls)
     }

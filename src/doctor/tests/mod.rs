@@ -101,6 +101,9 @@ fn probe() -> Probe {
         cuda: Some("12.4".into()),
         cudnn: Some(90100),
         threads: Some(2),
+        interop: Some(2),
+        compile_threads: Some(2),
+        compile_threads_var: None,
         torch_error: None,
         openmp: vec!["/venv/lib/python3.11/site-packages/torch/lib/libgomp-a34b3233.so.1".into()],
     }
@@ -144,6 +147,34 @@ fn python_checks_fire_and_keep_quiet() {
         ..probe()
     };
     assert_eq!(of(&none, "python.torch", 1), Some(Severity::Info));
+}
+
+#[test]
+fn pools_are_checked_against_one_ranks_share() {
+    let t = topo("core:4");
+    let of = |p: &Probe, k: usize| sev(&base(), &t, &n(k), Some(p), "python.pools");
+    // 2 compile workers and 2 inter-op threads: within 4 CPUs / 2 ranks.
+    assert_eq!(of(&probe(), 2), Some(Severity::Ok));
+    // Inductor's own default on this machine (min(32, CPUs in the mask)) with 4 ranks.
+    let unsized_pool = Probe {
+        compile_threads: Some(4),
+        interop: Some(1),
+        ..probe()
+    };
+    assert_eq!(of(&unsized_pool, 4), Some(Severity::Warn));
+    assert_eq!(of(&unsized_pool, 1), Some(Severity::Ok));
+    let inter = Probe {
+        interop: Some(4),
+        ..probe()
+    };
+    assert_eq!(of(&inter, 2), Some(Severity::Warn));
+    // An old torch that says neither: no finding, rather than a guess.
+    let silent = Probe {
+        interop: None,
+        compile_threads: None,
+        ..probe()
+    };
+    assert_eq!(of(&silent, 4), None);
 }
 
 #[test]

@@ -6,7 +6,9 @@
 //! socket, a reader thread and a heartbeat thread, both joined on every path.
 
 use std::io::BufReader;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{
+    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
+};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -88,9 +90,26 @@ impl Peer for Link {
     }
 }
 
-/// Does `endpoint` name this node? It does when we can listen on it.
-fn host_listener(addrs: &[SocketAddr]) -> Option<TcpListener> {
-    addrs.iter().find_map(|a| TcpListener::bind(a).ok())
+/// Does `endpoint` name this node? It does when we can listen on it. A
+/// host *name* that resolves to loopback (`localhost`, which TorchX gives
+/// node 0, or Debian's own-hostname 127.0.1.1) names this node to itself
+/// only: the others reach it at another address, so it listens on every
+/// address of the port, as torchrun's c10d store does. A loopback address
+/// typed as such stays loopback (agents on one machine).
+fn host_listener(endpoint: &str, addrs: &[SocketAddr]) -> Option<TcpListener> {
+    let named = endpoint
+        .rsplit_once(':')
+        .is_some_and(|(h, _)| h.trim_matches(['[', ']']).parse::<IpAddr>().is_err());
+    addrs.iter().find_map(|a| {
+        let mut a = *a;
+        if named && a.ip().is_loopback() {
+            a.set_ip(match a.ip() {
+                IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            });
+        }
+        TcpListener::bind(a).ok()
+    })
 }
 
 /// A stopping signal that came while we waited, if any.
@@ -192,7 +211,7 @@ pub(crate) fn run(
         .to_socket_addrs()
         .map_err(|e| ClusterError::Resolve(cfg.endpoint.clone(), e.to_string()))?
         .collect();
-    let hosted = match host_listener(&addrs) {
+    let hosted = match host_listener(&cfg.endpoint, &addrs) {
         Some(l) => {
             Some(server::start(l, coordinator(cfg)).map_err(|e| ClusterError::Io(e.to_string()))?)
         }

@@ -19,12 +19,13 @@ use crate::launch::{RankLaunch, plan_launches};
 use crate::measure::throughput::{Hit, Metric};
 use crate::plan::Plan;
 
-fn job_of(s: &Start, nproc: usize, run_id: &str) -> Job {
+fn job_of(s: &Start, nproc: usize, run_id: &str, role: &str) -> Job {
     Job {
         nproc,
         master_addr: s.master_addr.clone(),
         master_port: s.master_port,
         run_id: run_id.to_string(),
+        role: role.to_string(),
         node_rank: s.node_rank,
         nnodes: s.nnodes,
         rank_offset: s.rank_offset,
@@ -79,7 +80,7 @@ fn guess(cfg: &AgentConfig, p: &Plan) -> Start {
 pub(crate) fn dry_run(s: &RunSettings, cfg: &AgentConfig) -> String {
     let p = &s.plan;
     let g = guess(cfg, p);
-    let mut probe = plan_launches(p, &s.command, &job_of(&g, p.nproc, &cfg.run_id));
+    let mut probe = plan_launches(p, &s.command, &job_of(&g, p.nproc, &cfg.run_id, &s.role));
     collective_ifname(&g.master_addr, &mut probe, false);
     let shown = prepare::dry_run(p, &probe, s.move_workers, &current);
     format!(
@@ -102,7 +103,11 @@ pub(crate) fn dry_run(s: &RunSettings, cfg: &AgentConfig) -> String {
 pub(crate) fn run(s: &RunSettings, c: &ClusterSettings) -> Result<i32, JobError> {
     let (cfg, p) = (&c.agent, &s.plan);
     let host = cfg.host.clone();
-    let mut probe = plan_launches(p, &s.command, &job_of(&guess(cfg, p), p.nproc, &cfg.run_id));
+    let mut probe = plan_launches(
+        p,
+        &s.command,
+        &job_of(&guess(cfg, p), p.nproc, &cfg.run_id, &s.role),
+    );
     before_start(s, &probe);
     let unbound = match prepare::check_bindings(&mut probe, s.allow_unbound)? {
         Some(w) => {
@@ -221,7 +226,11 @@ impl Rounds<'_> {
                 String::new()
             }
         );
-        let mut launches = plan_launches(p, &run.command, &job_of(s, p.nproc, &self.run_id));
+        let mut launches = plan_launches(
+            p,
+            &run.command,
+            &job_of(s, p.nproc, &self.run_id, &run.role),
+        );
         if self.unbound {
             for l in &mut launches {
                 l.placement = Default::default();

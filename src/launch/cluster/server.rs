@@ -14,7 +14,8 @@ use super::coord::{Conn, Coordinator, Out};
 use super::proto::{self, PROTOCOL, ToAgent, ToHost};
 
 enum Ev {
-    Accepted(Conn, TcpStream, String),
+    /// A connection, the peer's address and ours as the peer reached it.
+    Accepted(Conn, TcpStream, String, String),
     Msg(Conn, ToHost),
     Closed(Conn, String),
     /// End serving now, the job over or not.
@@ -88,12 +89,13 @@ fn accept_loop(listener: TcpListener, tx: Sender<Ev>) {
     let mut next: Conn = 0;
     for stream in listener.incoming() {
         let Ok(s) = stream else { continue };
-        let addr = s
-            .peer_addr()
-            .map(|a| a.ip().to_string())
-            .unwrap_or_default();
+        let ip = |a: std::io::Result<SocketAddr>| {
+            a.map(|a| a.ip().to_canonical().to_string())
+                .unwrap_or_default()
+        };
+        let (addr, local) = (ip(s.peer_addr()), ip(s.local_addr()));
         let _ = s.set_nodelay(true);
-        if tx.send(Ev::Accepted(next, s, addr)).is_err() {
+        if tx.send(Ev::Accepted(next, s, addr, local)).is_err() {
             return; // the job is over
         }
         next += 1;
@@ -124,6 +126,8 @@ fn read_loop(conn: Conn, s: TcpStream, tx: Sender<Ev>) {
 struct Peer {
     stream: TcpStream,
     addr: String,
+    /// This host's address as the peer reached it.
+    local: String,
     greeted: bool,
 }
 
@@ -134,7 +138,7 @@ fn serve(mut coord: Coordinator, rx: Receiver<Ev>, tx: Sender<Ev>) -> Coordinato
     while !coord.over() {
         let wait = next_beat.saturating_duration_since(Instant::now());
         let now_outs = match rx.recv_timeout(wait) {
-            Ok(Ev::Accepted(conn, s, addr)) => {
+            Ok(Ev::Accepted(conn, s, addr, local)) => {
                 if let Ok(r) = s.try_clone() {
                     let tx = tx.clone();
                     readers.extend(
@@ -149,6 +153,7 @@ fn serve(mut coord: Coordinator, rx: Receiver<Ev>, tx: Sender<Ev>) -> Coordinato
                     Peer {
                         stream: s,
                         addr,
+                        local,
                         greeted: false,
                     },
                 );
@@ -220,6 +225,10 @@ fn on_message(
             let addr = match peers.get_mut(&conn) {
                 Some(p) => {
                     p.greeted = true;
+                    let remote = p.addr.parse::<IpAddr>().is_ok_and(|ip| !ip.is_loopback());
+                    if remote {
+                        coord.reached_at(&p.local);
+                    }
                     p.addr.clone()
                 }
                 None => return vec![],

@@ -51,6 +51,10 @@ pub(crate) struct Coordinator {
     round: u32,
     /// The nodes' reports of the latest round that sent any.
     reports: Vec<(u32, Report)>,
+    /// This host's address as a node on another host reached it: node 0's
+    /// MASTER_ADDR when node 0 is this host's own agent, which connected
+    /// over loopback (an endpoint of `localhost`, as TorchX gives node 0).
+    reached_at: Option<String>,
 }
 
 /// A message for one connection; `close` after sending it.
@@ -82,6 +86,26 @@ impl Coordinator {
             phase: Phase::Joining { since: now },
             round: 0,
             reports: vec![],
+            reached_at: None,
+        }
+    }
+
+    /// A node on another host reached this host at `local`.
+    pub(crate) fn reached_at(&mut self, local: &str) {
+        if self.reached_at.is_none() {
+            self.reached_at = Some(local.to_string());
+        }
+    }
+
+    /// MASTER_ADDR: node 0's address as the others reach it.
+    fn master_addr(&self) -> String {
+        let first = &self.nodes[0].addr;
+        let loopback = first
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+        match &self.reached_at {
+            Some(a) if loopback => a.clone(),
+            _ => first.clone(),
         }
     }
 
@@ -212,8 +236,8 @@ impl Coordinator {
     fn start(&mut self) -> Vec<Out> {
         self.phase = Phase::Running;
         let world: usize = self.nodes.iter().map(|n| n.hello.nproc).sum();
+        let master_addr = self.master_addr();
         let first = &self.nodes[0];
-        let master_addr = first.addr.clone();
         let master_port = self.master_port.unwrap_or(first.hello.port);
         let hosts: Vec<String> = self.nodes.iter().map(|n| n.hello.host.clone()).collect();
         let mut offset = 0;

@@ -205,3 +205,27 @@ fn a_rendezvous_short_of_nodes_gives_up_naming_who_came() {
     c.lost(0, "closed");
     assert!(c.join(1, hello("host1", 1, false, 1), "b", t0).is_empty());
 }
+
+#[test]
+fn node_0_on_loopback_is_the_master_at_the_address_the_others_reached() {
+    // TorchX gives node 0 the endpoint localhost:PORT: its agent connects
+    // over loopback, and the others must not be told MASTER_ADDR=127.0.0.1.
+    let t0 = Instant::now();
+    let mut c = coord(t0, 0);
+    c.join(0, hello("host0", 1, true, 10), "127.0.0.1", t0);
+    c.reached_at("10.77.0.10");
+    let out = c.join(1, hello("host1", 1, false, 11), "10.77.0.11", t0);
+    let masters: Vec<String> = starts(&out).into_iter().map(|s| s.3).collect();
+    assert_eq!(masters, ["10.77.0.10", "10.77.0.10"]);
+    // Every node on one machine: loopback is right for all of them.
+    let mut c = coord(t0, 0);
+    c.join(0, hello("a", 1, true, 10), "127.0.0.1", t0);
+    let out = c.join(1, hello("b", 1, false, 11), "127.0.0.1", t0);
+    assert_eq!(starts(&out)[0].3, "127.0.0.1");
+    // Node 0 seen at its own address stays at it, whatever else is known.
+    let mut c = coord(t0, 0);
+    c.reached_at("10.0.0.99");
+    c.join(0, hello("host0", 1, true, 10), "10.0.0.10", t0);
+    let out = c.join(1, hello("host1", 1, false, 11), "10.0.0.11", t0);
+    assert_eq!(starts(&out)[1].3, "10.0.0.10");
+}
