@@ -4,7 +4,10 @@
 # threadwise run, torchrun --no-python threadwise bind, plus a two-agent
 # multi-node run on this machine and one across two test hosts (network
 # namespaces, scripts/test-hosts.sh), and the wheel's Python helper placing real
-# DataLoader workers under bind. Prints each throughput; fails on any error.
+# DataLoader workers under bind; the guides' mp.spawn example plain and with
+# threadwise.spawn (alternating, medians), torch.compile's workers under
+# torchrun and under run, and (THREADWISE_E2E_RAY=1) Ray Train with
+# threadwise.apply(). Prints each throughput; fails on any error.
 #   scripts/pytorch-e2e.sh [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -90,4 +93,68 @@ assert not bad, f"workers off their planned CPUs or threads: {bad}"
 for w, l, cpus, threads, _ in sorted(set(lines)):
     print(f"    worker {w} of local {l}: cpus {cpus} (planned), torch threads {threads}")
 PY
-echo "7 passed, 0 failed"
+
+# The guides' mp.spawn DDP example, plain and with the one-line change
+# (`import threadwise as mp`), alternating, 3 rounds each: each child's CPUs
+# and threads, and the median throughput of each.
+passed=7
+python - "$out" <<'PY'
+import re, statistics, subprocess, sys
+out = sys.argv[1]
+rates = {"mp.spawn": [], "threadwise.spawn": []}
+for r in range(3):
+    for name, extra in (("mp.spawn", []), ("threadwise.spawn", ["--threadwise"])):
+        p = subprocess.run([sys.executable, "examples/spawn_ddp.py", *extra], capture_output=True, text=True)
+        log = p.stdout + p.stderr
+        open(f"{out}/{name}-{r}.log", "w").write(log)
+        assert p.returncode == 0, f"{name} failed:\n{log}"
+        rates[name].append(float(re.search(r"img/s: ([0-9.]+)", log).group(1)))
+        ranks = re.findall(r"rank (\d)/2: cpus (\S+) torch threads (\d+) interop (\d+)", log)
+        assert len(ranks) == 2, log
+        if name == "threadwise.spawn":
+            cpus = [c for _, c, _, _ in ranks]
+            assert len(set(cpus)) == 2, f"children share CPUs: {ranks}"
+            assert all(t == "1" and i == "1" for _, _, t, i in ranks), f"not the plan's threads: {ranks}"
+        if r == 0:
+            for k, c, t, i in sorted(ranks):
+                print(f"    {name} child {k}: cpus {c} torch threads {t} interop {i}")
+for name, v in rates.items():
+    print(f"{name + ' (median of 3, alternating)':<44} img/s: {statistics.median(v):.1f}  ({', '.join(f'{x:.1f}' for x in v)})")
+PY
+passed=$((passed + 1))
+
+# torch.compile: the compile workers each rank starts, under torchrun's
+# default and under threadwise run (the plan's TORCHINDUCTOR_COMPILE_THREADS),
+# with Inductor's caches off so both compile everything.
+export TORCHINDUCTOR_FORCE_DISABLE_CACHES=1
+torchrun --standalone --nproc-per-node 2 examples/compile_workers.py >"$out/compile-torchrun.log" 2>&1
+"$tw" run -n 2 -q -- python examples/compile_workers.py >"$out/compile-run.log" 2>&1
+unset TORCHINDUCTOR_FORCE_DISABLE_CACHES
+for w in torchrun run; do
+  grep -o 'rank [0-9]: cpus .*' "$out/compile-$w.log" | sed "s/^/    $w: /"
+done
+python - "$out" <<'PY'
+import re, sys
+for way in ("torchrun", "run"):
+    lines = re.findall(r"rank \d: cpus (\S+) compile_threads (\d+) pool threads (\d+) .* compilers at once (\d+)",
+                       open(f"{sys.argv[1]}/compile-{way}.log").read())
+    assert len(lines) == 2, f"{way}: {lines}"
+    if way == "run":
+        for cpus, threads, pool, cc in lines:
+            assert threads == str(len(cpus.split(","))) and int(cc) <= int(threads), f"run: {lines}"
+PY
+printf '%-44s %s\n' "torch.compile workers (torchrun, run)" "as above"
+passed=$((passed + 1))
+
+# Ray Train (opt-in: THREADWISE_E2E_RAY=1 installs ray[train] into the venv):
+# two workers calling threadwise.apply() get disjoint CPUs.
+if [ "${THREADWISE_E2E_RAY:-0}" = 1 ]; then
+  python -c 'import ray.train' 2>/dev/null || pip install -q 'ray[train]'
+  RAY_USAGE_STATS_ENABLED=0 python examples/ray_train.py >"$out/ray.log" 2>&1 || { cat "$out/ray.log"; echo "FAIL ray"; exit 1; }
+  sets=$(grep -o 'ray worker local [0-9]/2: .*after cpus [0-9,-]*' "$out/ray.log" | sed 's/.*after cpus //' | sort -u)
+  [ "$(echo "$sets" | wc -l)" = 2 ] || { echo "FAIL ray: workers share CPUs: $sets"; exit 1; }
+  grep -o 'ray worker local [0-9]/2: .*' "$out/ray.log" | sort -u | sed 's/^/    /'
+  printf '%-44s %s\n' "Ray Train + threadwise.apply()" "disjoint CPUs: $(echo $sets)"
+  passed=$((passed + 1))
+fi
+echo "$passed passed, 0 failed"

@@ -162,3 +162,67 @@ impl super::TrialRunner for Runner {
         t
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::PlanRequest;
+    use crate::topology::synthetic;
+    use crate::tune::TrialRunner;
+    use crate::tune::grid::expand;
+
+    /// What each trial launches sizes every pool to the configuration's
+    /// threads, and the "unset" baseline leaves them all to the runtimes.
+    #[test]
+    fn each_trials_launch_sizes_the_pools_to_its_threads() {
+        let t = synthetic::parse("core:8").unwrap();
+        let base = PlanRequest {
+            nproc: crate::plan::NProc::Count(2),
+            ..PlanRequest::default()
+        };
+        let configs = expand(&base, &["threads=1,2,4".into()]).unwrap();
+        let r = Runner::new(
+            t,
+            Facts::default(),
+            vec!["true".into()],
+            Duration::from_secs(1),
+            Duration::ZERO,
+            None,
+        );
+        for c in &configs {
+            let key = r.launch_key(c).unwrap();
+            for l in &key {
+                let get = |k: &str| l.env.get(k).map(String::as_str);
+                match c.request.threads {
+                    crate::plan::Amount::Fixed(n) => {
+                        let n = n.to_string();
+                        assert_eq!(get("OMP_NUM_THREADS"), Some(n.as_str()), "{}", c.name);
+                        assert_eq!(
+                            get("TORCHINDUCTOR_COMPILE_THREADS"),
+                            Some(n.as_str()),
+                            "{}",
+                            c.name
+                        );
+                        assert_eq!(
+                            get("THREADWISE_NUM_INTEROP_THREADS"),
+                            Some(n.as_str()),
+                            "{}",
+                            c.name
+                        );
+                    }
+                    crate::plan::Amount::Auto => {
+                        assert_eq!(c.name, "unset");
+                        for k in [
+                            "OMP_NUM_THREADS",
+                            "TORCHINDUCTOR_COMPILE_THREADS",
+                            "THREADWISE_NUM_INTEROP_THREADS",
+                        ] {
+                            assert_eq!(get(k), None, "{k}");
+                            assert!(l.env_remove.iter().any(|v| v == k), "{k} not removed");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
