@@ -336,6 +336,11 @@ pub(crate) struct RunCmd {
     /// Use a saved plan (threadwise tune --save-plan) instead of planning
     #[arg(long = "plan", value_name = "FILE")]
     pub plan_file: Option<PathBuf>,
+    /// A file holding the rendezvous secret, the same on every node and
+    /// readable by its owner only (else THREADWISE_RDZV_SECRET; under Slurm,
+    /// MUNGE with nothing to give; else the rendezvous is open)
+    #[arg(long, value_name = "FILE")]
+    pub rdzv_secret_file: Option<PathBuf>,
     /// ROLE_NAME for every rank (torchrun's --role)
     #[arg(long, default_value = crate::launch::env::DEFAULT_ROLE, value_name = "NAME")]
     pub role: String,

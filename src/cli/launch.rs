@@ -11,6 +11,7 @@ use super::pet::{self, FromEnv};
 use super::settings::{load, request};
 use super::{Exit, Failure, SourceArgs, settings};
 use crate::launch::cluster::AgentConfig;
+use crate::launch::cluster::auth::{self, Auth};
 use crate::launch::env::current;
 use crate::launch::job;
 use crate::launch::prepare::{self, PrepareError};
@@ -121,6 +122,24 @@ fn rank_command(
     Ok((argv, Some(note)))
 }
 
+/// How the nodes of a multi-node job know each other, said on the
+/// start-up line; open (and no note) on one node.
+fn rendezvous_auth(a: &RunCmd, notes: &mut Vec<String>) -> Result<Auth, Failure> {
+    let Some(endpoint) = &a.rdzv_endpoint else {
+        if a.rdzv_secret_file.is_some() {
+            return Err(Failure::usage(
+                "--rdzv-secret-file goes with a multi-node job",
+                "give --nnodes N and --rdzv-endpoint HOST:PORT too, or drop it",
+            ));
+        }
+        return Ok(Auth::Open);
+    };
+    let auth = auth::for_job(a.rdzv_secret_file.as_deref(), &current)
+        .map_err(|e| Failure::usage(e.to_string(), e.hint()))?;
+    notes.push(auth::said(&auth, endpoint, a.rdzv_secret_file.as_deref()));
+    Ok(auth)
+}
+
 /// What the torchrun options that change nothing here mean, said once.
 fn inert_notes(a: &RunCmd) -> Vec<String> {
     let mut notes = vec![];
@@ -143,7 +162,7 @@ fn inert_notes(a: &RunCmd) -> Vec<String> {
 }
 
 /// The agent's settings from the options; the run id defaults to Slurm's job id.
-fn agent_config(a: &RunCmd, nproc: usize) -> AgentConfig {
+fn agent_config(a: &RunCmd, nproc: usize, auth: Auth) -> AgentConfig {
     AgentConfig {
         endpoint: a.rdzv_endpoint.clone().unwrap_or_default(),
         nnodes: a.plan.nnodes as usize,
@@ -163,6 +182,7 @@ fn agent_config(a: &RunCmd, nproc: usize) -> AgentConfig {
         heartbeat_timeout: a.heartbeat_timeout,
         host: crate::os::hostname(),
         linger: a.grace + std::time::Duration::from_secs(3),
+        auth,
     }
 }
 
@@ -172,6 +192,7 @@ fn run_settings(
     program: PathBuf,
     plan: Plan,
     topology: Topology,
+    auth: Auth,
 ) -> Result<RunSettings, Failure> {
     let report =
         match a.report_node {
@@ -181,7 +202,7 @@ fn run_settings(
             false => None,
         };
     let cluster = (a.plan.nnodes > 1 || a.rdzv_endpoint.is_some()).then(|| ClusterSettings {
-        agent: agent_config(&a, plan.nproc),
+        agent: agent_config(&a, plan.nproc, auth),
         report,
     });
     Ok(RunSettings {
@@ -270,7 +291,8 @@ pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> 
     };
     settings::check_run_plan(&a, p.nproc)?;
     let (dry, doctor) = (a.dry_run, !a.no_doctor);
-    let s = run_settings(a, program, p, t)?;
+    let auth = rendezvous_auth(&a, &mut notes)?;
+    let s = run_settings(a, program, p, t, auth)?;
     if dry {
         let lines: String = notes.iter().map(|n| format!("{n}\n")).collect();
         return super::emit(&format!("{lines}{}", job::dry_run(&s)?));

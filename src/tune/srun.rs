@@ -129,11 +129,16 @@ impl super::TrialRunner for SrunRunner {
         let id = format!("tune-{}-{}", std::process::id(), self.trials);
         self.trials += 1;
         // A port free here, so trials (and tunes of other jobs) never collide.
+        // The agents srun starts inherit this environment: the same mode.
+        let auth = match cluster::auth::for_job(None, &crate::launch::env::current) {
+            Ok(a) => a,
+            Err(e) => return TrialOutcome::not_started(format!("{e} ({})", e.hint())),
+        };
         let hosted = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).and_then(|l| {
             let port = l.local_addr()?.port();
             Ok((
                 port,
-                cluster::host(l, self.nnodes, &id, JOIN_TIMEOUT, HEARTBEAT_TIMEOUT)?,
+                cluster::host(l, self.nnodes, &id, JOIN_TIMEOUT, HEARTBEAT_TIMEOUT, auth)?,
             ))
         });
         let (port, hosted) = match hosted {

@@ -8,6 +8,7 @@ mod gpus;
 mod hardening;
 mod hosts;
 mod plans;
+mod rendezvous;
 mod run;
 mod signals;
 mod slurm;

@@ -13,8 +13,9 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::auth::{self, Auth, Side};
 use super::coord::Coordinator;
-use super::proto::{self, Hello, PROTOCOL, Report, Start, ToHost};
+use super::proto::{self, Hello, PROTOCOL, Report, Start, ToAgent, ToHost};
 use super::server;
 use super::state::{Action, AgentState, Event};
 use super::{ClusterError, JobEnd};
@@ -43,6 +44,8 @@ pub(crate) struct AgentConfig {
     /// How long the rendezvous host stays, once its own part ended, for the
     /// others to stop theirs (their grace period and a little).
     pub linger: Duration,
+    /// How the nodes know each other (the same on every node).
+    pub auth: Auth,
 }
 
 /// The agent's state and its connection, shared by the main thread (rounds),
@@ -119,18 +122,39 @@ fn stop_signal(pipe: &SignalPipe, ms: i32) -> Option<i32> {
         .find(|s| matches!(signals::action(*s), Some(signals::Action::Stop(_))))
 }
 
-fn connect(
+/// Why a try at the host's door did not get in.
+enum Turned {
+    /// Busy, closed or silent: try again until the join timeout.
+    Again(String),
+    Away(ClusterError),
+}
+
+/// Connect and go through the host's door (`handshake`), trying again
+/// while the door is busy or the host not there yet, until the join timeout;
+/// the stream, and the reader of what the host says next.
+fn enter(
     addrs: &[SocketAddr],
     cfg: &AgentConfig,
+    hosting: bool,
     pipe: &SignalPipe,
-) -> Result<TcpStream, ClusterError> {
+) -> Result<(TcpStream, BufReader<TcpStream>), ClusterError> {
     let t0 = Instant::now();
     let mut last = String::new();
     loop {
         for a in addrs {
-            match TcpStream::connect_timeout(a, Duration::from_secs(2)) {
-                Ok(s) => return Ok(s),
-                Err(e) => last = e.to_string(),
+            let s = match TcpStream::connect_timeout(a, Duration::from_secs(2)) {
+                Ok(s) => s,
+                Err(e) => {
+                    last = e.to_string();
+                    continue;
+                }
+            };
+            let _ = s.set_nodelay(true);
+            let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+            match handshake(&s, cfg, hosting) {
+                Ok(r) => return Ok((s, r)),
+                Err(Turned::Away(e)) => return Err(e),
+                Err(Turned::Again(why)) => last = why,
             }
         }
         if t0.elapsed() >= cfg.join_timeout {
@@ -146,10 +170,98 @@ fn connect(
     }
 }
 
+/// Say hello; where the job authenticates, check the host's proof of our
+/// nonce (so a host without the job's secret or MUNGE is found out before
+/// we say more) and prove ourselves; then the host's Welcome.
+fn handshake(
+    s: &TcpStream,
+    cfg: &AgentConfig,
+    hosting: bool,
+) -> Result<BufReader<TcpStream>, Turned> {
+    let io = |e: std::io::Error| Turned::Again(e.to_string());
+    let mut w = s.try_clone().map_err(io)?;
+    let mut r = BufReader::new(s.try_clone().map_err(io)?);
+    let mine = auth::nonce();
+    let hello = Hello {
+        host: cfg.host.clone(),
+        nproc: cfg.nproc,
+        nnodes: cfg.nnodes,
+        node_rank: cfg.node_rank,
+        run_id: cfg.run_id.clone(),
+        hosting,
+        port: crate::launch::env::free_port().unwrap_or(29500),
+        auth: cfg.auth.mode().to_string(),
+        nonce: mine.clone(),
+    };
+    proto::send(
+        &mut w,
+        &ToHost::Hello {
+            protocol: PROTOCOL.into(),
+            hello,
+        },
+    )
+    .map_err(io)?;
+    let _ = s.set_read_timeout(Some(server::HELLO_DEADLINE + Duration::from_secs(5)));
+    let fake = |why: String| {
+        Turned::Away(ClusterError::NotGenuine(format!(
+            "the rendezvous host at {} is not this job's: {why}",
+            cfg.endpoint
+        )))
+    };
+    let mut proven = cfg.auth.is_open();
+    loop {
+        match proto::recv::<ToAgent>(&mut r) {
+            Ok(Some(ToAgent::Challenge { nonce, proof })) if !proven => {
+                cfg.auth
+                    .check(Side::Host, &cfg.run_id, &mine, &nonce, &proof)
+                    .map_err(|e| fake(format!("its proof fails ({e})")))?;
+                let ours = cfg
+                    .auth
+                    .prove(Side::Agent, &cfg.run_id, &mine, &nonce)
+                    .map_err(|e| {
+                        Turned::Away(ClusterError::Io(format!("cannot prove this node: {e}")))
+                    })?;
+                proto::send(&mut w, &ToHost::Proof { proof: ours }).map_err(io)?;
+                proven = true;
+            }
+            Ok(Some(ToAgent::Welcome)) if proven => {
+                let _ = s.set_read_timeout(None);
+                return Ok(r);
+            }
+            Ok(Some(ToAgent::Welcome)) => {
+                return Err(fake(format!(
+                    "it let this node in without proving it holds the job's {}",
+                    cfg.auth.mode()
+                )));
+            }
+            Ok(Some(ToAgent::Busy)) => {
+                return Err(Turned::Again("the rendezvous host is busy".into()));
+            }
+            Ok(Some(ToAgent::Refused { why })) => {
+                return Err(Turned::Away(ClusterError::Refused(why)));
+            }
+            Ok(Some(other)) => {
+                let name = serde_json::to_value(&other)
+                    .ok()
+                    .and_then(|v| v.get("msg").and_then(|m| m.as_str()).map(str::to_string))
+                    .unwrap_or_default();
+                return Err(fake(format!(
+                    "it said {name:?} before letting this node in"
+                )));
+            }
+            Ok(None) => {
+                return Err(Turned::Again(
+                    "the rendezvous host closed the connection".into(),
+                ));
+            }
+            Err(e) => return Err(Turned::Again(format!("the rendezvous host: {e}"))),
+        }
+    }
+}
+
 /// Every message from the host into the state, until the node is done or
 /// the connection ends.
-fn reader(link: Arc<Link>, stream: TcpStream, endpoint: String) {
-    let mut r = BufReader::new(stream);
+fn reader(link: Arc<Link>, mut r: BufReader<TcpStream>, endpoint: String) {
     loop {
         let ev = match proto::recv(&mut r) {
             Ok(Some(m)) => Event::Msg(m),
@@ -212,9 +324,10 @@ pub(crate) fn run(
         .map_err(|e| ClusterError::Resolve(cfg.endpoint.clone(), e.to_string()))?
         .collect();
     let hosted = match host_listener(&cfg.endpoint, &addrs) {
-        Some(l) => {
-            Some(server::start(l, coordinator(cfg)).map_err(|e| ClusterError::Io(e.to_string()))?)
-        }
+        Some(l) => Some(
+            server::start(l, coordinator(cfg), cfg.auth.clone())
+                .map_err(|e| ClusterError::Io(e.to_string()))?,
+        ),
         None => None,
     };
     let result = join_and_run(cfg, &addrs, hosted.is_some(), pipe, round);
@@ -243,9 +356,7 @@ fn join_and_run(
     pipe: &SignalPipe,
     mut round: impl FnMut(&Start, Arc<dyn Peer>) -> RoundEnd,
 ) -> Result<JobEnd, ClusterError> {
-    let stream = connect(addrs, cfg, pipe)?;
-    let _ = stream.set_nodelay(true);
-    let _ = stream.set_write_timeout(Some(Duration::from_secs(2)));
+    let (stream, from_host) = enter(addrs, cfg, hosting, pipe)?;
     let io = |e: std::io::Error| ClusterError::Io(e.to_string());
     let (todo, rx) = mpsc::channel();
     let link = Arc::new(Link {
@@ -259,27 +370,11 @@ fn join_and_run(
         writer: Mutex::new(stream.try_clone().map_err(io)?),
         todo,
     });
-    link.send(&ToHost::Hello {
-        protocol: PROTOCOL.into(),
-        hello: Hello {
-            host: cfg.host.clone(),
-            nproc: cfg.nproc,
-            nnodes: cfg.nnodes,
-            node_rank: cfg.node_rank,
-            run_id: cfg.run_id.clone(),
-            hosting,
-            port: crate::launch::env::free_port().unwrap_or(29500),
-        },
-    });
     let read = {
-        let (link, s, e) = (
-            link.clone(),
-            stream.try_clone().map_err(io)?,
-            cfg.endpoint.clone(),
-        );
+        let (link, e) = (link.clone(), cfg.endpoint.clone());
         std::thread::Builder::new()
             .name("rdzv-agent-read".into())
-            .spawn(move || reader(link, s, e))
+            .spawn(move || reader(link, from_host, e))
             .map_err(io)?
     };
     let (quit, quit_rx) = mpsc::channel::<()>();

@@ -14,7 +14,12 @@
 //! lost and ends the job on every other node, naming it.
 
 pub(crate) mod agent;
+pub(crate) mod auth;
 pub(crate) mod coord;
+#[cfg(test)]
+mod door_tests;
+#[cfg(test)]
+mod fuzz_tests;
 pub(crate) mod netif;
 pub(crate) mod proto;
 pub(crate) mod rounds;
@@ -36,6 +41,7 @@ pub(crate) fn host(
     run_id: &str,
     join_timeout: std::time::Duration,
     heartbeat_timeout: std::time::Duration,
+    auth: auth::Auth,
 ) -> std::io::Result<Hosted> {
     let coord = coord::Coordinator::new(
         nnodes,
@@ -46,7 +52,7 @@ pub(crate) fn host(
         heartbeat_timeout,
         std::time::Instant::now(),
     );
-    server::start(listener, coord)
+    server::start(listener, coord, auth)
 }
 
 /// How a multi-node job ended for this node.
@@ -71,6 +77,9 @@ pub(crate) enum ClusterError {
     },
     #[error("the rendezvous refused this node: {0}")]
     Refused(String),
+    /// The host at the endpoint did not prove it is this job's.
+    #[error("{0}")]
+    NotGenuine(String),
     #[error("the job did not form: {0}")]
     Incomplete(String),
     #[error("{0}")]
@@ -107,7 +116,14 @@ impl ClusterError {
                     .into()
             }
             ClusterError::Refused(_) => {
-                "give every node the same --nnodes, --rdzv-id and threadwise version".into()
+                "give every node the same --nnodes, --rdzv-id, secret (--rdzv-secret-file or \
+                 THREADWISE_RDZV_SECRET) and threadwise version"
+                    .into()
+            }
+            ClusterError::NotGenuine(_) => {
+                "check --rdzv-endpoint, and give every node the same secret (or none): something \
+                 else answers there, or this node's secret differs from the host's"
+                    .into()
             }
             ClusterError::Lost(_) => {
                 "this node's ranks were stopped; check the network to the rendezvous host and its \

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::measure::throughput::Hit;
 
 /// The protocol's name and version, in every hello.
-pub(crate) const PROTOCOL: &str = "threadwise.rdzv/1";
+pub(crate) const PROTOCOL: &str = "threadwise.rdzv/2";
 
 /// A node asking to join.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -25,6 +25,12 @@ pub(crate) struct Hello {
     pub hosting: bool,
     /// A port free on it: MASTER_PORT should it be node 0.
     pub port: u16,
+    /// How it authenticates (`auth::Auth::mode`): none, secret or munge.
+    #[serde(default)]
+    pub auth: String,
+    /// Its fresh nonce, for the host's proof.
+    #[serde(default)]
+    pub nonce: String,
 }
 
 /// How a node's part of a round went wrong.
@@ -97,6 +103,10 @@ pub(crate) enum ToHost {
         hello: Hello,
     },
     Beat,
+    /// The agent's proof, answering the host's challenge.
+    Proof {
+        proof: String,
+    },
     Failed(Failure),
     /// The node's use in `round` (sent before its Ended).
     Report {
@@ -115,6 +125,16 @@ pub(crate) enum ToHost {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
 pub(crate) enum ToAgent {
+    /// The host's proof of the agent's nonce, and its own nonce to prove.
+    Challenge {
+        nonce: String,
+        proof: String,
+    },
+    /// The node is through the door (authenticated, where the job asks it);
+    /// the coordinator may still refuse it.
+    Welcome,
+    /// Too many connections are waiting to say hello: try again.
+    Busy,
     Start(Start),
     Beat,
     /// Stop this round's ranks: the job failed elsewhere.

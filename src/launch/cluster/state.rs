@@ -182,7 +182,9 @@ impl AgentState {
 
     fn message(&mut self, m: ToAgent) -> Vec<Action> {
         match m {
-            ToAgent::Beat => vec![],
+            // The door's messages belong to the handshake (`agent::handshake`);
+            // past it they mean nothing.
+            ToAgent::Beat | ToAgent::Challenge { .. } | ToAgent::Welcome | ToAgent::Busy => vec![],
             ToAgent::Stop { round, .. } => {
                 // The cause comes again with the End; nothing to keep.
                 if round == self.round {

@@ -8,6 +8,7 @@ use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::auth::Auth;
 use super::proto::{Hello, PROTOCOL, Start, ToHost};
 use super::{AgentConfig, ClusterError, JobEnd, run};
 use crate::launch::machine::Exit;
@@ -17,7 +18,7 @@ fn free_port() -> u16 {
     crate::launch::env::free_port().unwrap()
 }
 
-fn config(port: u16, nnodes: usize, host: &str, node_rank: Option<usize>) -> AgentConfig {
+pub(super) fn config(port: u16, nnodes: usize, host: &str, node_rank: Option<usize>) -> AgentConfig {
     AgentConfig {
         endpoint: format!("127.0.0.1:{port}"),
         nnodes,
@@ -30,6 +31,7 @@ fn config(port: u16, nnodes: usize, host: &str, node_rank: Option<usize>) -> Age
         heartbeat_timeout: Duration::from_secs(5),
         host: host.into(),
         linger: Duration::from_secs(2),
+        auth: Auth::Open,
     }
 }
 
@@ -178,6 +180,8 @@ fn vanishing_node(port: u16) -> std::thread::JoinHandle<()> {
                 run_id: "loopback".into(),
                 hosting: false,
                 port: 1,
+                auth: "none".into(),
+                nonce: String::new(),
             },
         };
         let mut line = serde_json::to_vec(&hello).unwrap();

@@ -3,6 +3,7 @@
 //! them). One test at a time: the link-down test takes host1 off the network.
 //! The faults across hosts are in `faults.rs`.
 
+mod auth;
 mod faults;
 mod pet;
 
@@ -409,6 +410,12 @@ fn srun_starts_one_agent_per_host() {
             "{text}"
         );
     }
+    // Inside a Slurm job, with nothing configured, the agents knew each
+    // other through MUNGE.
+    assert!(
+        text.contains("admits nodes that prove, through MUNGE") && !text.contains("is open"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -493,7 +500,7 @@ fn tune_across_two_hosts_reads_rank_0_and_measures_each_node() {
         .lines()
         .map(|l| l.parse().unwrap())
         .collect();
-    assert_eq!(trials.len(), rank1.len(), "{rank1:?}");
+    assert_eq!(trials.len(), rank1.len(), "{rank1:?} {text}");
     for (t, r1) in trials.iter().zip(rank1) {
         assert_eq!(t["status"], "ok", "{t}");
         let r0 = t["throughput"].as_f64().unwrap();

@@ -90,6 +90,11 @@ impl Coordinator {
         }
     }
 
+    /// The job's run id (every node's hello must carry it).
+    pub(crate) fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
     /// A node on another host reached this host at `local`.
     pub(crate) fn reached_at(&mut self, local: &str) {
         if self.reached_at.is_none() {
@@ -277,7 +282,8 @@ impl Coordinator {
 
     /// The first failure of a round stops it on every other node.
     pub(crate) fn failed(&mut self, conn: Conn, f: Failure) -> Vec<Out> {
-        if self.phase != Phase::Running || f.round != self.round {
+        // Only a node of the job can fail it (a refused peer's word is nothing).
+        if self.index(conn).is_none() || self.phase != Phase::Running || f.round != self.round {
             return vec![];
         }
         self.phase = Phase::Stopping { failure: f.clone() };

@@ -11,6 +11,8 @@ fn hello(host: &str, nproc: usize, hosting: bool, port: u16) -> Hello {
         run_id: "job".into(),
         hosting,
         port,
+        auth: "none".into(),
+        nonce: String::new(),
     }
 }
 
