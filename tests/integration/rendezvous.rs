@@ -96,7 +96,10 @@ fn a_flood_of_connections_neither_stops_the_job_nor_grows_node_0() {
     let flood = Instant::now();
     // At least 10,000, and on until the job is over (node 0 has exited).
     while opened < 10_000 || n0.try_wait().unwrap().is_none() {
-        assert!(flood.elapsed() < Duration::from_secs(60), "the job never ended");
+        assert!(
+            flood.elapsed() < Duration::from_secs(60),
+            "the job never ended"
+        );
         if let Ok(s) = connect_from(Ipv4Addr::new(127, 0, 0, 2), dst) {
             open.push_back(s);
             opened += 1;

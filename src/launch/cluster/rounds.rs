@@ -35,6 +35,17 @@ fn job_of(s: &Start, nproc: usize, run_id: &str, role: &str) -> Job {
     }
 }
 
+/// This node's launches for a round; the rendezvous secret is the agents',
+/// not the ranks': it leaves their environment.
+fn launches_of(s: &RunSettings, start: &Start, run_id: &str) -> Vec<RankLaunch> {
+    let p = &s.plan;
+    let mut ls = plan_launches(p, &s.command, &job_of(start, p.nproc, run_id, &s.role));
+    for l in &mut ls {
+        l.env_remove.push(super::auth::SECRET_VAR.to_string());
+    }
+    ls
+}
+
 /// GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME: the interface that routes to
 /// node 0 (MASTER_ADDR), set where unset; a user's value that cannot reach
 /// it is kept and warned about.
@@ -80,7 +91,7 @@ fn guess(cfg: &AgentConfig, p: &Plan) -> Start {
 pub(crate) fn dry_run(s: &RunSettings, cfg: &AgentConfig) -> String {
     let p = &s.plan;
     let g = guess(cfg, p);
-    let mut probe = plan_launches(p, &s.command, &job_of(&g, p.nproc, &cfg.run_id, &s.role));
+    let mut probe = launches_of(s, &g, &cfg.run_id);
     collective_ifname(&g.master_addr, &mut probe, false);
     let shown = prepare::dry_run(p, &probe, s.move_workers, &current);
     format!(
@@ -103,11 +114,7 @@ pub(crate) fn dry_run(s: &RunSettings, cfg: &AgentConfig) -> String {
 pub(crate) fn run(s: &RunSettings, c: &ClusterSettings) -> Result<i32, JobError> {
     let (cfg, p) = (&c.agent, &s.plan);
     let host = cfg.host.clone();
-    let mut probe = plan_launches(
-        p,
-        &s.command,
-        &job_of(&guess(cfg, p), p.nproc, &cfg.run_id, &s.role),
-    );
+    let mut probe = launches_of(s, &guess(cfg, p), &cfg.run_id);
     before_start(s, &probe);
     let unbound = match prepare::check_bindings(&mut probe, s.allow_unbound)? {
         Some(w) => {
@@ -226,11 +233,7 @@ impl Rounds<'_> {
                 String::new()
             }
         );
-        let mut launches = plan_launches(
-            p,
-            &run.command,
-            &job_of(s, p.nproc, &self.run_id, &run.role),
-        );
+        let mut launches = launches_of(run, s, &self.run_id);
         if self.unbound {
             for l in &mut launches {
                 l.placement = Default::default();

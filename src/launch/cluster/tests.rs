@@ -18,7 +18,12 @@ fn free_port() -> u16 {
     crate::launch::env::free_port().unwrap()
 }
 
-pub(super) fn config(port: u16, nnodes: usize, host: &str, node_rank: Option<usize>) -> AgentConfig {
+pub(super) fn config(
+    port: u16,
+    nnodes: usize,
+    host: &str,
+    node_rank: Option<usize>,
+) -> AgentConfig {
     AgentConfig {
         endpoint: format!("127.0.0.1:{port}"),
         nnodes,

@@ -122,7 +122,11 @@ fn munge_admits_the_jobs_agents_and_refuses_another_users_credential() {
 fn an_agent_with_another_secret_is_turned_away_and_the_job_forms() {
     let _g = hosts();
     let d = tempfile::tempdir().unwrap();
-    let s = rank_script(d.path(), "exit 4");
+    // The secret is the agents', not the ranks'.
+    let s = rank_script(
+        d.path(),
+        "test -z \"$THREADWISE_RDZV_SECRET\" || echo SECRET-LEAKED\nexit 4",
+    );
     let a = agent("host0:29632", &s, &[]);
     let run = |h: &str, secret: &str, name: &str| {
         let mut c = on(h, &strs(&a));
