@@ -1,19 +1,38 @@
 #!/usr/bin/env bash
-# Launch overhead: `threadwise run -n 8 -- true` against the processes' own cost
-# (8 x `true` started by a shell) and against torchrun (when PyTorch is in the
-# venv that scripts/pytorch-e2e.sh makes). Needs hyperfine (apt-get install hyperfine).
+# Launch overhead as a user compares it: `threadwise run -n 2 -- true` and
+# `run -n 8 --oversubscribe -- true` interleaved with torchrun's
+# `--nproc-per-node 2 --no-python true` (one after the other, alternating,
+# ROUNDS rounds, default 10), so each threadwise launch runs right after a
+# torchrun one, as in a side-by-side comparison. Prints each command's median
+# wall time and threadwise's as a share of torchrun's. Needs the PyTorch venv
+# (scripts/torch-venv.sh); without it, only threadwise's figures.
+#   scripts/bench-launch.sh [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-command -v hyperfine >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hyperfine >/dev/null
 cargo build --release -q
 tw=$PWD/target/release/threadwise
 venv=${THREADWISE_VENV:-$HOME/.cache/threadwise-venv}
-cmds=(
-  "sh -c 'for i in 1 2 3 4 5 6 7 8; do /bin/true & done; wait'"
-  "$tw run -n 8 --policy none -q -- true"
-  "$tw run -n 8 --oversubscribe -q -- true"
-)
-if [ -x "$venv/bin/torchrun" ]; then
-  cmds+=("$venv/bin/torchrun --standalone --nproc-per-node 8 --no-python true")
-fi
-hyperfine -N --warmup 3 --min-runs 10 --export-markdown "${1:-/dev/stdout}" "${cmds[@]}"
+torchrun=""
+[ -x "$venv/bin/torchrun" ] && torchrun="$venv/bin/torchrun"
+python3 - "$tw" "${1:-10}" "$torchrun" <<'PY'
+import statistics, subprocess, sys, time
+tw, rounds, torchrun = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+cmds = {}
+if torchrun:
+    cmds["torchrun -n 2"] = [torchrun, "--standalone", "--nproc-per-node", "2", "--no-python", "true"]
+cmds["threadwise run -n 2"] = [tw, "run", "-n", "2", "-q", "--", "true"]
+cmds["threadwise run -n 8"] = [tw, "run", "-n", "8", "--oversubscribe", "-q", "--", "true"]
+times = {k: [] for k in cmds}
+for _ in range(rounds):
+    for k, c in cmds.items():
+        t = time.perf_counter()
+        subprocess.run(c, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        times[k].append(time.perf_counter() - t)
+for k, v in times.items():
+    v_ms = sorted(x * 1000 for x in v)
+    line = f"{k:<22} median {statistics.median(v_ms):8.1f} ms  [min {v_ms[0]:.1f}, max {v_ms[-1]:.1f}] over {rounds} rounds"
+    if torchrun and k != "torchrun -n 2":
+        share = 100 * statistics.median(v) / statistics.median(times["torchrun -n 2"])
+        line += f"  = {share:.2f}% of torchrun -n 2"
+    print(line)
+PY

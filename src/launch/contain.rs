@@ -16,34 +16,57 @@ use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// The hidden subcommand the watchdog runs as.
 pub(crate) const WATCHDOG: &str = "__watchdog";
 
-/// A job's cgroup, its `cgroup.procs` open for the ranks to join, and its watchdog.
+/// A job's cgroup: its directory open for ranks to be born in
+/// (`born.rs`), its `cgroup.procs` open for ranks to join where the kernel
+/// refuses that, and its watchdog.
 pub(crate) struct JobCgroup {
     dir: PathBuf,
+    dir_fd: File,
     procs: File,
+    /// Ranks can be born in it (until the kernel says otherwise).
+    births: AtomicBool,
     watchdog: Option<Child>,
 }
 
 /// How a launch keeps its processes together.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Containment {
-    Cgroup(PathBuf),
+    /// The job's cgroup, and how ranks get into it.
+    Cgroup(PathBuf, Entry),
     /// Why no cgroup: process groups, PDEATHSIG and the subreaper only.
     Fallback(String),
+}
+
+/// How a rank gets into the job's cgroup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Entry {
+    /// Born in it: clone3 with CLONE_INTO_CGROUP.
+    Born,
+    /// Forked, then moved through cgroup.procs before exec (why not born).
+    Joins(String),
 }
 
 impl std::fmt::Display for Containment {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Containment::Cgroup(d) => write!(
+            Containment::Cgroup(d, entry) => write!(
                 f,
-                "a cgroup v2 per job ({}), killed as a whole when the job ends or threadwise dies",
-                d.display()
+                "a cgroup v2 per job ({}), killed as a whole when the job ends or threadwise dies; \
+                 {}",
+                d.display(),
+                match entry {
+                    Entry::Born => "ranks are born in it (clone3 CLONE_INTO_CGROUP)".to_string(),
+                    Entry::Joins(why) => format!(
+                        "ranks join it between fork and exec (cgroup.procs; born in it the \
+                         kernel refuses: {why})"
+                    ),
+                }
             ),
             Containment::Fallback(why) => write!(
                 f,
@@ -82,6 +105,8 @@ impl JobCgroup {
             .write(true)
             .open(dir.join("cgroup.procs"))
             .map_err(|e| fail(format!("cannot open cgroup.procs: {e}")))?;
+        let dir_fd =
+            open_dir(&dir).map_err(|e| fail(format!("cannot open {}: {e}", dir.display())))?;
         let me = std::env::current_exe().map_err(|e| fail(e.to_string()))?;
         let watchdog = Command::new(me)
             .arg(WATCHDOG)
@@ -94,7 +119,9 @@ impl JobCgroup {
             .map_err(|e| fail(format!("cannot start the watchdog: {e}")))?;
         Ok(JobCgroup {
             dir,
+            dir_fd,
             procs,
+            births: AtomicBool::new(true),
             watchdog: Some(watchdog),
         })
     }
@@ -106,14 +133,19 @@ impl JobCgroup {
             let d = p.join(format!("threadwise-probe-{}", std::process::id()));
             std::fs::create_dir(&d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
             let kill = d.join("cgroup.kill").exists();
+            // A child born in the probe cgroup that exits at once.
+            let entry = match open_dir(&d).and_then(|f| super::born::probe(f.as_raw_fd())) {
+                Ok(()) => Entry::Born,
+                Err(e) => Entry::Joins(e.to_string()),
+            };
             let _ = std::fs::remove_dir(&d);
             if kill {
-                Ok(p.join("threadwise-PID-N"))
+                Ok((p.join("threadwise-PID-N"), entry))
             } else {
                 Err("the kernel has no cgroup.kill (Linux 5.14+)".to_string())
             }
         }) {
-            Ok(d) => Containment::Cgroup(d),
+            Ok((d, entry)) => Containment::Cgroup(d, entry),
             Err(why) => Containment::Fallback(why),
         }
     }
@@ -121,6 +153,19 @@ impl JobCgroup {
     /// The fd a child writes "0" to, between fork and exec, to join.
     pub(crate) fn procs_fd(&self) -> i32 {
         self.procs.as_raw_fd()
+    }
+
+    /// The cgroup's directory, for ranks born in it; None once the kernel
+    /// refused that for this job.
+    pub(crate) fn birth_fd(&self) -> Option<i32> {
+        self.births
+            .load(Ordering::Relaxed)
+            .then(|| self.dir_fd.as_raw_fd())
+    }
+
+    /// The kernel refused a birth in the cgroup: the rest of the job joins.
+    pub(crate) fn no_births(&self) {
+        self.births.store(false, Ordering::Relaxed);
     }
 
     /// The watchdog's pid (not ours to kill as an orphan).
@@ -145,6 +190,15 @@ impl Drop for JobCgroup {
             let _ = w.try_wait();
         }
     }
+}
+
+/// A cgroup's directory, open for clone3's CLONE_INTO_CGROUP.
+fn open_dir(dir: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
 }
 
 fn populated(dir: &Path) -> bool {

@@ -4,6 +4,7 @@
 //! decided by the planner and turned into a `RankLaunch` before anything starts.
 
 pub(crate) mod bind;
+mod born;
 pub(crate) mod cluster;
 pub(crate) mod contain;
 pub(crate) mod detect;

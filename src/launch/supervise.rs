@@ -131,7 +131,56 @@ fn own_hwm_kib(pid: i32) -> Option<i64> {
     (name != "threadwise").then_some(hwm)
 }
 
+/// A started rank: its pid and its output's read ends (taken by the pumps).
+pub(crate) struct RankChild {
+    pid: i32,
+    stdout: Option<File>,
+    stderr: Option<File>,
+}
+
+impl RankChild {
+    fn id(&self) -> u32 {
+        self.pid as u32
+    }
+}
+
+/// Start a rank: born in the job's cgroup where the kernel allows it (no
+/// migration to wait for), else forked and moved in before exec.
 fn spawn_rank(
+    r: &RankLaunch,
+    parent: i32,
+    cgroup: Option<&JobCgroup>,
+) -> std::io::Result<RankChild> {
+    // A program found on PATH is a path already; a bare name is left to
+    // Command's own PATH search.
+    let has_path = r.program.is_some() || r.argv[0].as_encoded_bytes().contains(&b'/');
+    if let Some(cg) = cgroup
+        && let Some(dir) = cg.birth_fd().filter(|_| has_path)
+    {
+        match super::born::spawn(r, parent, dir) {
+            Ok(b) => {
+                return Ok(RankChild {
+                    pid: b.pid,
+                    stdout: Some(b.stdout),
+                    stderr: Some(b.stderr),
+                });
+            }
+            Err(super::born::BirthError::Refused) => cg.no_births(),
+            Err(super::born::BirthError::Failed(e)) => return Err(e),
+        }
+    }
+    let mut c = command_rank(r, parent, cgroup.map(JobCgroup::procs_fd))?;
+    let file = |fd: Option<std::os::fd::OwnedFd>| fd.map(File::from);
+    Ok(RankChild {
+        pid: c.id() as i32,
+        stdout: file(c.stdout.take().map(Into::into)),
+        stderr: file(c.stderr.take().map(Into::into)),
+    })
+}
+
+/// A rank through `std::process::Command`, joining the cgroup (through
+/// `cgroup.procs`) between fork and exec.
+fn command_rank(
     r: &RankLaunch,
     parent: i32,
     cgroup_fd: Option<i32>,
@@ -247,15 +296,15 @@ fn spawn_all(
     ranks: &[RankLaunch],
     opts: &RunOptions,
     cgroup: Option<&JobCgroup>,
-) -> Result<Vec<(std::process::Child, Logs)>, LaunchError> {
+) -> Result<Vec<(RankChild, Logs)>, LaunchError> {
     let parent = std::process::id() as i32;
-    let mut children: Vec<(std::process::Child, Logs)> = vec![];
+    let mut children: Vec<(RankChild, Logs)> = vec![];
     for r in ranks {
         let logs = (
             open_log(&opts.log_dir, r.local_rank, "stdout")?,
             open_log(&opts.log_dir, r.local_rank, "stderr")?,
         );
-        match spawn_rank(r, parent, cgroup.map(JobCgroup::procs_fd)) {
+        match spawn_rank(r, parent, cgroup) {
             Ok(c) => children.push((c, logs)),
             Err(source) => {
                 for (c, _) in &children {
@@ -281,7 +330,7 @@ type Logs = (Option<(File, String)>, Option<(File, String)>);
 /// Start the output threads of every rank; returns them and the stderr tails.
 fn start_pumps(
     ranks: &[RankLaunch],
-    children: &mut [(std::process::Child, Logs)],
+    children: &mut [(RankChild, Logs)],
     opts: &RunOptions,
     state: &Arc<OutputState>,
 ) -> (Vec<JoinHandle<()>>, Vec<Tail>) {
@@ -387,7 +436,7 @@ impl Watch {
     /// Watching the ranks just spawned (`children`, in `ranks`' order).
     fn new(
         ranks: &[RankLaunch],
-        children: &[(std::process::Child, Logs)],
+        children: &[(RankChild, Logs)],
         opts: &RunOptions,
         start: Instant,
         fork_rss_kib: i64,

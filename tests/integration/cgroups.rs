@@ -147,3 +147,96 @@ fn one_cpu_cpuset_sets_the_allowed_set() {
     }
     drop(cg);
 }
+
+/// Each rank's cgroup v2 path and CPUs, as it saw them, from `run -n 2`
+/// (under `wrapper`, when given), and the dry run's containment line.
+fn ranks_cgroups(wrapper: Option<&Path>) -> (String, Vec<String>) {
+    let bin = assert_cmd::cargo::cargo_bin("threadwise");
+    let cmd = |args: &[&str]| {
+        let mut c = match wrapper {
+            Some(w) => {
+                let mut c = std::process::Command::new(w);
+                c.arg(&bin);
+                c
+            }
+            None => std::process::Command::new(&bin),
+        };
+        c.args(args).output().unwrap()
+    };
+    let dry = cmd(&["run", "-n", "2", "--dry-run", "--", "true"]);
+    let dry = String::from_utf8_lossy(&dry.stdout)
+        .lines()
+        .find(|l| l.starts_with("containment:"))
+        .unwrap_or_default()
+        .to_string();
+    let out = cmd(&[
+        "run",
+        "-n",
+        "2",
+        "-q",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$(grep ^0:: /proc/self/cgroup) $(grep Cpus_allowed_list /proc/self/status | cut -f2)\"",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    lines.sort();
+    (dry, lines)
+}
+
+#[test]
+fn ranks_are_born_in_the_job_cgroup_or_join_it_where_clone3_is_refused() {
+    let (dry, ranks) = ranks_cgroups(None);
+    if !dry.contains("a cgroup v2 per job") {
+        eprintln!("no job cgroup here: {dry}");
+        return;
+    }
+    // Where the kernel allows it (Linux 5.7+), ranks are born in the cgroup.
+    assert!(
+        dry.contains("ranks are born in it (clone3 CLONE_INTO_CGROUP)"),
+        "{dry}"
+    );
+    let check = |ranks: &[String]| {
+        assert_eq!(ranks.len(), 2, "{ranks:?}");
+        for (k, l) in ranks.iter().enumerate() {
+            // In the job's cgroup, on its own CPU, as before exec.
+            assert!(
+                l.starts_with(&format!("[rank {k}] 0::/")) && l.contains("/threadwise-"),
+                "{l}"
+            );
+        }
+        assert_ne!(
+            ranks[0].rsplit(' ').next(),
+            ranks[1].rsplit(' ').next(),
+            "{ranks:?}"
+        );
+    };
+    check(&ranks);
+    // Where clone3 is refused (a container's seccomp profile, an old kernel),
+    // they join it between fork and exec, as before.
+    let dir = tempfile::tempdir().unwrap();
+    let helper = dir.path().join("no-clone3");
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/support/no-clone3/no-clone3.c");
+    let cc = std::process::Command::new("cc")
+        .arg("-O2")
+        .arg("-o")
+        .arg(&helper)
+        .arg(&src)
+        .status()
+        .expect("cc (gcc) builds the seccomp helper");
+    assert!(cc.success());
+    let (dry, ranks) = ranks_cgroups(Some(&helper));
+    assert!(
+        dry.contains("ranks join it between fork and exec (cgroup.procs; born in it the kernel refuses: Function not implemented"),
+        "{dry}"
+    );
+    check(&ranks);
+}

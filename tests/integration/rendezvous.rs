@@ -28,6 +28,19 @@ fn connect_from(src: Ipv4Addr, dst: SocketAddrV4) -> std::io::Result<TcpStream> 
             return Err(std::io::Error::last_os_error());
         }
         let s = TcpStream::from_raw_fd(fd);
+        // Closed with a reset, so the flood leaves no TIME_WAIT behind to
+        // use up 127.0.0.2's ports.
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
         let a = addr(SocketAddrV4::new(src, 0));
         if libc::bind(fd, (&a as *const libc::sockaddr_in).cast(), len) != 0 {
             return Err(std::io::Error::last_os_error());
@@ -40,7 +53,12 @@ fn connect_from(src: Ipv4Addr, dst: SocketAddrV4) -> std::io::Result<TcpStream> 
     }
 }
 
-fn agent(port: u16) -> Child {
+/// An agent whose rank runs until `flag` exists, then exits 6.
+fn agent(port: u16, flag: &std::path::Path) -> Child {
+    let rank = format!(
+        "while [ ! -e {} ]; do sleep 0.05; done; exit 6",
+        flag.display()
+    );
     Command::new(assert_cmd::cargo::cargo_bin("threadwise"))
         .args(["run", "--nnodes", "2", "-n", "1", "--rdzv-endpoint"])
         .arg(format!("127.0.0.1:{port}"))
@@ -53,7 +71,7 @@ fn agent(port: u16) -> Child {
             "--",
             "sh",
             "-c",
-            "sleep 2; exit 6",
+            &rank,
         ])
         .env_remove("SLURM_JOB_ID")
         .env_remove("THREADWISE_RDZV_SECRET")
@@ -77,7 +95,9 @@ fn threads_and_rss(pid: u32) -> Option<(u64, u64)> {
 #[test]
 fn a_flood_of_connections_neither_stops_the_job_nor_grows_node_0() {
     let port = crate_free_port();
-    let mut n0 = agent(port);
+    let d = tempfile::tempdir().unwrap();
+    let flag = d.path().join("enough");
+    let mut n0 = agent(port, &flag);
     let pid = n0.id();
     let dst = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
     // Wait for the rendezvous to listen.
@@ -94,12 +114,23 @@ fn a_flood_of_connections_neither_stops_the_job_nor_grows_node_0() {
     let mut n1 = None;
     let mut opened = 0;
     let flood = Instant::now();
-    // At least 10,000, and on until the job is over (node 0 has exited).
+    // 10,000 while the job forms and runs (its ranks wait for the flag),
+    // and on until it is over (node 0 has exited).
     while opened < 10_000 || n0.try_wait().unwrap().is_none() {
-        assert!(
-            flood.elapsed() < Duration::from_secs(60),
-            "the job never ended"
-        );
+        if opened >= 10_000 && !flag.exists() {
+            std::fs::write(&flag, "").unwrap();
+        }
+        if flood.elapsed() > Duration::from_secs(60) {
+            let _ = n0.kill();
+            let _ = n0.wait();
+            let err0 = std::io::read_to_string(n0.stderr.take().unwrap()).unwrap();
+            let err1 = n1.as_mut().map(|c: &mut Child| {
+                let _ = c.kill();
+                let _ = c.wait();
+                std::io::read_to_string(c.stderr.take().unwrap()).unwrap()
+            });
+            panic!("the job never ended ({opened} opened in 60 s):\n{err0}\n{err1:?}");
+        }
         if let Ok(s) = connect_from(Ipv4Addr::new(127, 0, 0, 2), dst) {
             open.push_back(s);
             opened += 1;
@@ -108,8 +139,9 @@ fn a_flood_of_connections_neither_stops_the_job_nor_grows_node_0() {
         if open.len() > 500 {
             open.pop_front();
         }
-        if opened == 2_000 {
-            n1 = Some(agent(port)); // node 1 joins in the middle of the flood
+        // Node 1 joins in the middle of the flood.
+        if n1.is_none() && (opened >= 2_000 || flood.elapsed() > Duration::from_secs(1)) {
+            n1 = Some(agent(port, &flag));
         }
         if opened % 100 == 0
             && let Some((t, r)) = threads_and_rss(pid)

@@ -164,8 +164,11 @@ pub(crate) fn nonce() -> String {
     let mut b = [0u8; 16];
     let mut got = 0;
     while got < b.len() {
+        // The raw syscall: glibc's getrandom() wrapper is 2.25+, and the
+        // wheel runs on 2.17.
         // SAFETY: the buffer is ours and its length is passed with it.
-        let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
+        let n =
+            unsafe { libc::syscall(libc::SYS_getrandom, b[got..].as_mut_ptr(), b.len() - got, 0) };
         if n > 0 {
             got += n as usize;
         } else if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
