@@ -4,7 +4,8 @@
 # `--nproc-per-node 2 --no-python true` (one after the other, alternating,
 # ROUNDS rounds, default 10), so each threadwise launch runs right after a
 # torchrun one, as in a side-by-side comparison. Prints each command's median
-# wall time and threadwise's as a share of torchrun's. Needs the PyTorch venv
+# wall time and threadwise's as a share of torchrun's, beside the floor (the
+# same processes started by sh). Needs the PyTorch venv
 # (scripts/torch-venv.sh); without it, only threadwise's figures.
 #   scripts/bench-launch.sh [ROUNDS]
 set -euo pipefail
@@ -22,6 +23,9 @@ if torchrun:
     cmds["torchrun -n 2"] = [torchrun, "--standalone", "--nproc-per-node", "2", "--no-python", "true"]
 cmds["threadwise run -n 2"] = [tw, "run", "-n", "2", "-q", "--", "true"]
 cmds["threadwise run -n 8"] = [tw, "run", "-n", "8", "--oversubscribe", "-q", "--", "true"]
+# The floor: the same processes started by a shell, with nothing else.
+cmds["sh: 2 x true"] = ["sh", "-c", "/bin/true & /bin/true & wait"]
+cmds["sh: 8 x true"] = ["sh", "-c", "for i in 1 2 3 4 5 6 7 8; do /bin/true & done; wait"]
 times = {k: [] for k in cmds}
 for _ in range(rounds):
     for k, c in cmds.items():
@@ -31,7 +35,7 @@ for _ in range(rounds):
 for k, v in times.items():
     v_ms = sorted(x * 1000 for x in v)
     line = f"{k:<22} median {statistics.median(v_ms):8.1f} ms  [min {v_ms[0]:.1f}, max {v_ms[-1]:.1f}] over {rounds} rounds"
-    if torchrun and k != "torchrun -n 2":
+    if torchrun and k.startswith("threadwise"):
         share = 100 * statistics.median(v) / statistics.median(times["torchrun -n 2"])
         line += f"  = {share:.2f}% of torchrun -n 2"
     print(line)

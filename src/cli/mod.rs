@@ -99,8 +99,15 @@ fn generated(command: &Command) -> Result<Exit, Failure> {
 }
 
 /// Where `run`'s command starts in `argv`, as clap reads it (None for any
-/// other subcommand, or a command line clap refuses as it stands).
+/// other subcommand, a command line clap refuses as it stands, or when no
+/// `PET_` variable is set: then nothing needs it, and the launch is spared
+/// a second parse).
 fn command_at(argv: &[OsString]) -> Option<usize> {
+    if argv.get(1).map(|a| a.as_os_str()) != Some("run".as_ref())
+        || !std::env::vars_os().any(|(k, _)| k.as_encoded_bytes().starts_with(b"PET_"))
+    {
+        return None;
+    }
     match Cli::try_parse_from(argv).ok()?.command {
         Command::Run(a) => Some(argv.len() - a.command.len().min(argv.len())),
         _ => None,

@@ -152,9 +152,53 @@ pub(crate) fn probe(cgroup: RawFd) -> Result<(), std::io::Error> {
     }
 }
 
-/// Start `r` in the cgroup whose directory is `cgroup`, with `parent` as
-/// the process it dies with.
-pub(crate) fn spawn(r: &RankLaunch, parent: i32, cgroup: RawFd) -> Result<Born, BirthError> {
+/// A rank cloned, not yet known to have exec'd.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub pid: i32,
+    stdout: File,
+    stderr: File,
+    status: File,
+}
+
+impl Pending {
+    /// Wait until the rank has exec'd (its status pipe closes) or say why
+    /// it could not (its errno; it has exited and is reaped here).
+    pub(crate) fn born(self) -> Result<Born, std::io::Error> {
+        let mut status = self.status;
+        let mut buf = [0u8; 4];
+        let mut got = 0;
+        loop {
+            match status.read(&mut buf[got..]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    got += n;
+                    if got == buf.len() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        if got == buf.len() {
+            let mut st = 0;
+            // SAFETY: our own child, which has exited or is about to.
+            unsafe { libc::waitpid(self.pid, &mut st, 0) };
+            return Err(std::io::Error::from_raw_os_error(i32::from_ne_bytes(buf)));
+        }
+        Ok(Born {
+            pid: self.pid,
+            stdout: self.stdout,
+            stderr: self.stderr,
+        })
+    }
+}
+
+/// Clone `r` into the cgroup whose directory is `cgroup`, with `parent` as
+/// the process it dies with; `Pending::born` waits for its exec, so that
+/// several ranks' births overlap.
+pub(crate) fn start(r: &RankLaunch, parent: i32, cgroup: RawFd) -> Result<Pending, BirthError> {
     let failed = BirthError::Failed;
     // Everything the child touches, made before the clone.
     let path = cstr(
@@ -223,35 +267,12 @@ pub(crate) fn spawn(r: &RankLaunch, parent: i32, cgroup: RawFd) -> Result<Born, 
         }
     }
     // The parent: the child's ends close here; the status pipe says whether
-    // exec happened (EOF) or why not (an errno).
+    // exec happened (EOF) or why not (an errno), in `Pending::born`.
     drop((null, out_w, err_w, status_w));
-    let mut status = File::from(status_r);
-    let mut buf = [0u8; 4];
-    let mut got = 0;
-    loop {
-        match status.read(&mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => {
-                got += n;
-                if got == buf.len() {
-                    break;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
-        }
-    }
-    if got == buf.len() {
-        let mut st = 0;
-        // SAFETY: our own child, which has exited or is about to.
-        unsafe { libc::waitpid(pid, &mut st, 0) };
-        return Err(failed(std::io::Error::from_raw_os_error(
-            i32::from_ne_bytes(buf),
-        )));
-    }
-    Ok(Born {
+    Ok(Pending {
         pid,
         stdout: File::from(out_r),
         stderr: File::from(err_r),
+        status: File::from(status_r),
     })
 }

@@ -144,38 +144,56 @@ impl RankChild {
     }
 }
 
+/// A rank on its way: born (its exec not yet seen), or started already.
+enum Starting {
+    Born(super::born::Pending),
+    Started(RankChild),
+}
+
+impl Starting {
+    fn pid(&self) -> i32 {
+        match self {
+            Starting::Born(p) => p.pid,
+            Starting::Started(c) => c.pid,
+        }
+    }
+
+    /// The started rank, once it has exec'd.
+    fn started(self) -> std::io::Result<RankChild> {
+        match self {
+            Starting::Born(p) => p.born().map(|b| RankChild {
+                pid: b.pid,
+                stdout: Some(b.stdout),
+                stderr: Some(b.stderr),
+            }),
+            Starting::Started(c) => Ok(c),
+        }
+    }
+}
+
 /// Start a rank: born in the job's cgroup where the kernel allows it (no
-/// migration to wait for), else forked and moved in before exec.
-fn spawn_rank(
-    r: &RankLaunch,
-    parent: i32,
-    cgroup: Option<&JobCgroup>,
-) -> std::io::Result<RankChild> {
+/// migration to wait for; its exec is waited for later, so births overlap),
+/// else forked and moved in before exec.
+fn spawn_rank(r: &RankLaunch, parent: i32, cgroup: Option<&JobCgroup>) -> std::io::Result<Starting> {
     // A program found on PATH is a path already; a bare name is left to
     // Command's own PATH search.
     let has_path = r.program.is_some() || r.argv[0].as_encoded_bytes().contains(&b'/');
     if let Some(cg) = cgroup
         && let Some(dir) = cg.birth_fd().filter(|_| has_path)
     {
-        match super::born::spawn(r, parent, dir) {
-            Ok(b) => {
-                return Ok(RankChild {
-                    pid: b.pid,
-                    stdout: Some(b.stdout),
-                    stderr: Some(b.stderr),
-                });
-            }
+        match super::born::start(r, parent, dir) {
+            Ok(p) => return Ok(Starting::Born(p)),
             Err(super::born::BirthError::Refused) => cg.no_births(),
             Err(super::born::BirthError::Failed(e)) => return Err(e),
         }
     }
     let mut c = command_rank(r, parent, cgroup.map(JobCgroup::procs_fd))?;
     let file = |fd: Option<std::os::fd::OwnedFd>| fd.map(File::from);
-    Ok(RankChild {
+    Ok(Starting::Started(RankChild {
         pid: c.id() as i32,
         stdout: file(c.stdout.take().map(Into::into)),
         stderr: file(c.stderr.take().map(Into::into)),
-    })
+    }))
 }
 
 /// A rank through `std::process::Command`, joining the cgroup (through
@@ -273,7 +291,10 @@ fn kill_orphans(keep: Option<i32>) {
         if !alive {
             return; // no descendant was re-parented to us
         }
-        let orphans: Vec<i32> = process::with_parent(me)
+        // Our children as the kernel lists them (every thread's), else a
+        // scan of every process for its parent.
+        let orphans: Vec<i32> = process::own_children()
+            .unwrap_or_else(|| process::with_parent(me))
             .into_iter()
             .filter(|pid| Some(*pid) != keep)
             .collect();
@@ -298,31 +319,62 @@ fn spawn_all(
     cgroup: Option<&JobCgroup>,
 ) -> Result<Vec<(RankChild, Logs)>, LaunchError> {
     let parent = std::process::id() as i32;
-    let mut children: Vec<(RankChild, Logs)> = vec![];
+    // Every rank cloned first, then each one's exec waited for: the waits
+    // overlap instead of adding up.
+    let mut starting: Vec<(Starting, Logs)> = vec![];
+    let mut failed = None;
     for r in ranks {
-        let logs = (
-            open_log(&opts.log_dir, r.local_rank, "stdout")?,
-            open_log(&opts.log_dir, r.local_rank, "stderr")?,
-        );
+        let logs = match (
+            open_log(&opts.log_dir, r.local_rank, "stdout"),
+            open_log(&opts.log_dir, r.local_rank, "stderr"),
+        ) {
+            (Ok(o), Ok(e)) => (o, e),
+            (Err(e), _) | (_, Err(e)) => {
+                abort(starting.iter().map(|(s, _)| s.pid()), cgroup);
+                return Err(e);
+            }
+        };
         match spawn_rank(r, parent, cgroup) {
-            Ok(c) => children.push((c, logs)),
+            Ok(s) => starting.push((s, logs)),
             Err(source) => {
-                for (c, _) in &children {
-                    os::kill_group(c.id() as i32, libc::SIGKILL);
-                }
-                if let Some(cg) = cgroup {
-                    cg.kill();
-                }
-                kill_orphans(cgroup.and_then(JobCgroup::watchdog_pid));
-                return Err(LaunchError::Spawn {
-                    rank: r.local_rank,
-                    program: r.argv[0].to_string_lossy().into_owned(),
-                    source,
-                });
+                failed = Some((r, source));
+                break;
             }
         }
     }
+    let pids: Vec<i32> = starting.iter().map(|(s, _)| s.pid()).collect();
+    let mut children = vec![];
+    for ((s, logs), r) in starting.into_iter().zip(ranks) {
+        match s.started() {
+            Ok(c) => children.push((c, logs)),
+            Err(source) if failed.is_none() => failed = Some((r, source)),
+            Err(_) => {}
+        }
+    }
+    if let Some((r, source)) = failed {
+        // Never half a launch.
+        abort(pids.into_iter(), cgroup);
+        return Err(LaunchError::Spawn {
+            rank: r.local_rank,
+            program: r.argv[0].to_string_lossy().into_owned(),
+            source,
+        });
+    }
     Ok(children)
+}
+
+/// Stop the ranks started so far, and whatever they started.
+fn abort(pids: impl Iterator<Item = i32>, cgroup: Option<&JobCgroup>) {
+    for pid in pids {
+        os::kill_group(pid, libc::SIGKILL);
+        // Also the rank itself, should it not have made its group yet.
+        // SAFETY: plain syscall.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    if let Some(cg) = cgroup {
+        cg.kill();
+    }
+    kill_orphans(cgroup.and_then(JobCgroup::watchdog_pid));
 }
 
 type Logs = (Option<(File, String)>, Option<(File, String)>);

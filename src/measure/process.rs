@@ -97,6 +97,14 @@ pub(crate) fn with_parent(ppid: i32) -> Vec<i32> {
         .collect()
 }
 
+/// This process's children (`children`'s rule); None where the kernel keeps
+/// no such lists (CONFIG_PROC_CHILDREN), for the caller to scan instead.
+pub(crate) fn own_children() -> Option<Vec<i32>> {
+    let me = std::process::id() as i32;
+    std::fs::metadata(path(me, &format!("task/{me}/children"))).ok()?;
+    Some(children(me))
+}
+
 /// One `Key:` line of /proc/PID/status (`self` for this process), trimmed.
 fn status_line(who: &str, key: &str) -> Option<String> {
     let s = std::fs::read_to_string(format!("/proc/{who}/status")).ok()?;
