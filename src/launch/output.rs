@@ -19,6 +19,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+/// How much a rank's output pipe holds (`supervise` widens it from the
+/// kernel's 64 KiB): a rank that prints a lot wakes its pump less often.
+pub(crate) const PIPE_BYTES: usize = 1 << 20;
+
+/// The most one read takes, and the log's buffer: what a pump holds, twice
+/// per rank (stdout and stderr).
+const READ_BYTES: usize = 256 * 1024;
+
 /// Lines up to this long are written whole; longer ones in pieces of it.
 pub(crate) const MAX_LINE: usize = 8 << 20;
 /// Stderr lines kept per rank for the failure report.
@@ -101,6 +109,9 @@ struct Pump {
     at_start: bool,
     /// The terminal bytes of one chunk (kept to reuse its allocation).
     out: Vec<u8>,
+    /// In unit tests, what would have reached the terminal.
+    #[cfg(test)]
+    shown: Vec<u8>,
 }
 
 impl Pump {
@@ -155,59 +166,65 @@ impl Pump {
     /// Where the next terminal segment ends in `buf`: after '\n', after a
     /// '\r' not followed by '\n' (with prefixes), or None to wait for more.
     fn segment_end(&self, buf: &[u8]) -> Option<usize> {
-        let cr = self.prefix.is_some();
-        let mut i = 0;
-        while i < buf.len() {
-            match buf[i] {
-                b'\n' => return Some(i + 1),
-                b'\r' if cr => match buf.get(i + 1) {
-                    Some(b'\n') => return Some(i + 2),
-                    Some(_) => return Some(i + 1),
-                    None => return None,
-                },
-                _ => {}
-            }
-            i += 1;
+        if self.prefix.is_none() {
+            return memchr::memchr(b'\n', buf).map(|i| i + 1);
         }
-        None
+        let i = memchr::memchr2(b'\n', b'\r', buf)?;
+        if buf[i] == b'\n' {
+            return Some(i + 1);
+        }
+        match buf.get(i + 1) {
+            Some(b'\n') => Some(i + 2),
+            Some(_) => Some(i + 1),
+            None => None,
+        }
+    }
+
+    /// The whole segments at the start of `buf` into `out` (and the sink and
+    /// tail); how many bytes they took.
+    fn segments(&mut self, buf: &[u8], out: &mut Vec<u8>) -> usize {
+        if self.prefix.is_none() && self.sink.is_none() && self.tail.is_none() {
+            // Plain copy: everything up to the last newline, in one piece.
+            let end = memchr::memrchr(b'\n', buf).map_or(0, |i| i + 1);
+            if self.show {
+                out.extend_from_slice(&buf[..end]);
+            }
+            return end;
+        }
+        out.reserve(buf.len() + buf.len() / 8 + 64);
+        let mut start = 0;
+        while let Some(n) = self.segment_end(&buf[start..]) {
+            let seg = &buf[start..start + n];
+            // A progress bar's carriage-return update is a line to the
+            // sink too (tqdm prints its rate there).
+            if seg.ends_with(b"\n") || (seg.ends_with(b"\r") && self.sink.is_some()) {
+                self.line_done(seg);
+            }
+            if self.show {
+                self.render(seg, out);
+            }
+            start += n;
+        }
+        start
     }
 
     /// Copy a chunk: log it, then show every whole segment in one write.
     fn chunk(&mut self, data: &[u8]) {
         self.log(data);
-        let mut pending = std::mem::take(&mut self.pending);
-        pending.extend_from_slice(data);
         let mut out = std::mem::take(&mut self.out);
         out.clear();
-        let start = if self.prefix.is_none() && self.sink.is_none() && self.tail.is_none() {
-            // Plain copy: everything up to the last newline, in one piece.
-            let end = pending
-                .iter()
-                .rposition(|b| *b == b'\n')
-                .map_or(0, |i| i + 1);
-            if self.show {
-                out.extend_from_slice(&pending[..end]);
-            }
-            end
+        if self.pending.is_empty() {
+            // The common case: no line carried over, so the chunk is read in
+            // place and only its unfinished end is kept.
+            let used = self.segments(data, &mut out);
+            self.pending.extend_from_slice(&data[used..]);
         } else {
-            out.reserve(pending.len() + 64);
-            let mut start = 0;
-            while let Some(n) = self.segment_end(&pending[start..]) {
-                let seg = &pending[start..start + n];
-                // A progress bar's carriage-return update is a line to the
-                // sink too (tqdm prints its rate there).
-                if seg.ends_with(b"\n") || (seg.ends_with(b"\r") && self.sink.is_some()) {
-                    self.line_done(seg);
-                }
-                if self.show {
-                    self.render(seg, &mut out);
-                }
-                start += n;
-            }
-            start
-        };
-        pending.drain(..start);
-        self.pending = pending;
+            let mut pending = std::mem::take(&mut self.pending);
+            pending.extend_from_slice(data);
+            let used = self.segments(&pending, &mut out);
+            pending.drain(..used);
+            self.pending = pending;
+        }
         if self.pending.len() >= MAX_LINE {
             // Too long to hold: pass this piece on whole, and say so once.
             let piece = std::mem::take(&mut self.pending);
@@ -250,6 +267,12 @@ impl Pump {
         if out.is_empty() || !self.show {
             return;
         }
+        #[cfg(test)]
+        {
+            self.shown.extend_from_slice(out);
+            return;
+        }
+        #[cfg_attr(test, allow(unreachable_code))]
         let closed = self.state.closed(self.stream);
         if closed.load(Ordering::Relaxed) {
             self.show = false;
@@ -294,18 +317,20 @@ pub(crate) fn pump(
             .prefix
             .then(|| format!("[rank {}] ", opts.rank_base + rank).into_bytes()),
         torch_prefix: format!("[rank{}]:", opts.rank_base + rank).into_bytes(),
-        log: log.map(|(f, name)| (BufWriter::with_capacity(256 * 1024, f), name)),
+        log: log.map(|(f, name)| (BufWriter::with_capacity(READ_BYTES, f), name)),
         sink: opts.sink.clone(),
         tail,
         state,
         pending: Vec::new(),
         at_start: true,
         out: Vec::new(),
+        #[cfg(test)]
+        shown: Vec::new(),
     };
     // A small stack: the thread only copies bytes, and 2 threads per rank add up.
     let builder = std::thread::Builder::new().stack_size(128 * 1024);
     let spawned = builder.spawn(move || {
-        let mut buf = vec![0u8; 256 * 1024];
+        let mut buf = vec![0u8; READ_BYTES];
         loop {
             let n = match pipe.read(&mut buf) {
                 Ok(0) => break,
@@ -345,6 +370,7 @@ mod tests {
             pending: vec![],
             at_start: true,
             out: vec![],
+            shown: vec![],
         }
     }
 
@@ -406,6 +432,57 @@ mod tests {
         p.finish();
         assert_eq!(*seen.lock().unwrap(), ["1:12.5 img/s", "1:half", "1:last"]);
         assert_eq!(tail.lock().unwrap().len(), 3);
+    }
+
+    proptest::proptest! {
+        /// However the bytes arrive in chunks, the terminal gets what one
+        /// reading of them all renders, and the sink the same lines.
+        #[test]
+        fn chunking_changes_nothing(
+            parts in proptest::collection::vec(
+                proptest::sample::select(vec!["ab", "\n", "\r", "\r\n", "[rank1]:x", "[rank", "1]", "é"]),
+                0..60,
+            ),
+            cuts in proptest::collection::vec(0usize..200, 0..8),
+            prefix in proptest::bool::ANY,
+            sink in proptest::bool::ANY,
+        ) {
+            let input: Vec<u8> = parts.concat().into_bytes();
+            let want = rendered(prefix, &[&input]);
+            let run = |chunks: Vec<&[u8]>| {
+                let lines = Arc::new(Mutex::new(vec![]));
+                let l2 = lines.clone();
+                let mut p = pump_with(prefix);
+                if sink {
+                    // Without a sink (or prefixes), the plain-copy path.
+                    p.sink = Some(Arc::new(move |_, l| l2.lock().unwrap().push(l.to_string())));
+                }
+                for c in chunks {
+                    p.chunk(c);
+                }
+                p.finish();
+                let got = lines.lock().unwrap().clone();
+                (p.shown, got)
+            };
+            let mut at: Vec<usize> = cuts.into_iter().map(|c| c.min(input.len())).collect();
+            at.sort_unstable();
+            let mut chunks = vec![];
+            let mut prev = 0;
+            for c in at.into_iter().chain([input.len()]) {
+                chunks.push(&input[prev..c]);
+                prev = c;
+            }
+            let (whole, whole_lines) = run(vec![&input[..]]);
+            let (split, split_lines) = run(chunks);
+            // With prefixes the end gets a newline so the next rank starts a line.
+            let mut want = want;
+            if prefix && !want.is_empty() && !matches!(want.last(), Some(b'\n' | b'\r')) {
+                want.push(b'\n');
+            }
+            proptest::prop_assert_eq!(&whole, &want);
+            proptest::prop_assert_eq!(&split, &want);
+            proptest::prop_assert_eq!(split_lines, whole_lines);
+        }
     }
 
     #[test]

@@ -158,23 +158,47 @@ impl Starting {
         }
     }
 
-    /// The started rank, once it has exec'd.
+    /// The started rank, once it has exec'd, its output pipes widened.
     fn started(self) -> std::io::Result<RankChild> {
-        match self {
+        let c = match self {
             Starting::Born(p) => p.born().map(|b| RankChild {
                 pid: b.pid,
                 stdout: Some(b.stdout),
                 stderr: Some(b.stderr),
-            }),
-            Starting::Started(c) => Ok(c),
+            })?,
+            Starting::Started(c) => c,
+        };
+        for f in c.stdout.iter().chain(&c.stderr) {
+            widen_pipe(f);
         }
+        Ok(c)
     }
+}
+
+/// A pipe of `PIPE_BYTES` rather than the kernel's 64 KiB: a rank that
+/// prints a lot wakes its pump a sixteenth as often, and each read takes up
+/// to that much. Where the kernel refuses (an unprivileged user past
+/// `fs.pipe-max-size`, a full `fs.pipe-user-pages-soft`), the pipe stays as it is.
+fn widen_pipe(f: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        libc::fcntl(
+            f.as_raw_fd(),
+            libc::F_SETPIPE_SZ,
+            output::PIPE_BYTES as libc::c_int,
+        )
+    };
 }
 
 /// Start a rank: born in the job's cgroup where the kernel allows it (no
 /// migration to wait for; its exec is waited for later, so births overlap),
 /// else forked and moved in before exec.
-fn spawn_rank(r: &RankLaunch, parent: i32, cgroup: Option<&JobCgroup>) -> std::io::Result<Starting> {
+fn spawn_rank(
+    r: &RankLaunch,
+    parent: i32,
+    cgroup: Option<&JobCgroup>,
+) -> std::io::Result<Starting> {
     // A program found on PATH is a path already; a bare name is left to
     // Command's own PATH search.
     let has_path = r.program.is_some() || r.argv[0].as_encoded_bytes().contains(&b'/');
