@@ -415,7 +415,13 @@ fn deliver(peers: &mut HashMap<Conn, Peer>, outs: Vec<Out>) {
         // A node whose link is down fails here after the write timeout; the
         // heartbeat finds it lost.
         let _ = proto::send(&mut p.stream, &o.msg);
-        if o.close {
+        if let ToAgent::Refused { .. } = o.msg {
+            // A peer the coordinator turned away (in an open job, past the
+            // door): closed both ways, so its reader thread ends now rather
+            // than when the peer chooses to close.
+            let _ = p.stream.shutdown(Shutdown::Both);
+            peers.remove(&o.conn);
+        } else if o.close {
             let _ = p.stream.shutdown(Shutdown::Write);
         }
     }
