@@ -39,14 +39,6 @@ struct CloneArgs {
 
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
-/// A rank born in its cgroup: its pid and the read ends of its output.
-#[derive(Debug)]
-pub(crate) struct Born {
-    pub pid: i32,
-    pub stdout: File,
-    pub stderr: File,
-}
-
 /// Why a birth in place did not happen.
 #[derive(Debug)]
 pub(crate) enum BirthError {
@@ -162,9 +154,10 @@ pub(crate) struct Pending {
 }
 
 impl Pending {
-    /// Wait until the rank has exec'd (its status pipe closes) or say why
-    /// it could not (its errno; it has exited and is reaped here).
-    pub(crate) fn born(self) -> Result<Born, std::io::Error> {
+    /// Wait until the rank has exec'd (its status pipe closes): the read
+    /// ends of its stdout and stderr; or why it could not (its errno; it
+    /// has exited and is reaped here).
+    pub(crate) fn born(self) -> Result<(File, File), std::io::Error> {
         let mut status = self.status;
         let mut buf = [0u8; 4];
         let mut got = 0;
@@ -187,11 +180,7 @@ impl Pending {
             unsafe { libc::waitpid(self.pid, &mut st, 0) };
             return Err(std::io::Error::from_raw_os_error(i32::from_ne_bytes(buf)));
         }
-        Ok(Born {
-            pid: self.pid,
-            stdout: self.stdout,
-            stderr: self.stderr,
-        })
+        Ok((self.stdout, self.stderr))
     }
 }
 

@@ -132,16 +132,10 @@ fn own_hwm_kib(pid: i32) -> Option<i64> {
 }
 
 /// A started rank: its pid and its output's read ends (taken by the pumps).
-pub(crate) struct RankChild {
+struct RankChild {
     pid: i32,
     stdout: Option<File>,
     stderr: Option<File>,
-}
-
-impl RankChild {
-    fn id(&self) -> u32 {
-        self.pid as u32
-    }
 }
 
 /// A rank on its way: born (its exec not yet seen), or started already.
@@ -161,11 +155,15 @@ impl Starting {
     /// The started rank, once it has exec'd, its output pipes widened.
     fn started(self) -> std::io::Result<RankChild> {
         let c = match self {
-            Starting::Born(p) => p.born().map(|b| RankChild {
-                pid: b.pid,
-                stdout: Some(b.stdout),
-                stderr: Some(b.stderr),
-            })?,
+            Starting::Born(p) => {
+                let pid = p.pid;
+                let (stdout, stderr) = p.born()?;
+                RankChild {
+                    pid,
+                    stdout: Some(stdout),
+                    stderr: Some(stderr),
+                }
+            }
             Starting::Started(c) => c,
         };
         for f in c.stdout.iter().chain(&c.stderr) {
@@ -366,18 +364,18 @@ fn spawn_all(
             }
         }
     }
-    let pids: Vec<i32> = starting.iter().map(|(s, _)| s.pid()).collect();
     let mut children = vec![];
     for ((s, logs), r) in starting.into_iter().zip(ranks) {
         match s.started() {
             Ok(c) => children.push((c, logs)),
+            // A birth that failed was reaped: its pid is nobody's to kill.
             Err(source) if failed.is_none() => failed = Some((r, source)),
             Err(_) => {}
         }
     }
     if let Some((r, source)) = failed {
         // Never half a launch.
-        abort(pids.into_iter(), cgroup);
+        abort(children.iter().map(|(c, _)| c.pid), cgroup);
         return Err(LaunchError::Spawn {
             rank: r.local_rank,
             program: r.argv[0].to_string_lossy().into_owned(),
@@ -522,7 +520,7 @@ impl Watch {
                 .iter()
                 .zip(ranks)
                 .map(|((c, _), l)| Running {
-                    pid: c.id() as i32,
+                    pid: c.pid,
                     started: Instant::now(),
                     result: None,
                     hwm_kib: None,
@@ -632,7 +630,7 @@ pub(crate) fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, La
         let pids: Vec<(usize, i32)> = ranks
             .iter()
             .zip(&children)
-            .map(|(r, (c, _))| (r.local_rank, c.id() as i32))
+            .map(|(r, (c, _))| (r.local_rank, c.pid))
             .collect();
         f(&pids);
     }

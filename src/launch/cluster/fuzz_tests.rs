@@ -8,7 +8,7 @@ use proptest::prelude::*;
 
 use super::coord::{Coordinator, Out};
 use super::proto::{self, Failure, Hello, Start, ToAgent, ToHost};
-use super::state::{AgentState, Event};
+use super::state::{Action, AgentState, Event};
 use crate::launch::machine::Exit;
 use crate::launch::supervise::LocalFailure;
 
@@ -160,9 +160,15 @@ proptest! {
         let t0 = Instant::now();
         let mut a = AgentState::new("me", "h:1", Duration::from_secs(30), Duration::from_secs(5), t0);
         let mut now = t0;
+        let mut finished = false;
         for (ev, dt) in evs {
             now += Duration::from_millis(dt);
-            let _ = a.on(ev, now);
+            let out = a.on(ev, now);
+            // Once the node has finished, nothing more happens, whatever comes.
+            prop_assert!(!finished || out.is_empty(), "acted after finishing: {:?}", out);
+            let ends = out.iter().filter(|x| matches!(x, Action::Finish(_))).count();
+            prop_assert!(ends <= 1, "finished twice at once: {:?}", out);
+            finished |= ends == 1;
         }
     }
 

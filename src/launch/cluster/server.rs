@@ -326,12 +326,8 @@ fn read_loop(conn: Conn, mut r: BufReader<TcpStream>, tx: Sender<Ev>) {
     }
 }
 
-struct Peer {
-    stream: TcpStream,
-}
-
 fn serve(mut coord: Coordinator, rx: Receiver<Ev>) -> Coordinator {
-    let mut peers: HashMap<Conn, Peer> = HashMap::new();
+    let mut peers: HashMap<Conn, TcpStream> = HashMap::new();
     let mut refused = 0usize;
     let mut next_beat = Instant::now() + BEAT;
     while !coord.over() {
@@ -342,7 +338,7 @@ fn serve(mut coord: Coordinator, rx: Receiver<Ev>) -> Coordinator {
                 if addr.parse::<IpAddr>().is_ok_and(|ip| !ip.is_loopback()) {
                     coord.reached_at(&local);
                 }
-                peers.insert(conn, Peer { stream });
+                peers.insert(conn, stream);
                 coord.join(conn, hello, &addr, now)
             }
             Ok(Ev::Msg(conn, m)) => on_message(&mut coord, conn, m),
@@ -386,7 +382,7 @@ fn serve(mut coord: Coordinator, rx: Receiver<Ev>) -> Coordinator {
     }
     // Every reader's stream is shut down (or its peer gone): each ends.
     for p in peers.values() {
-        let _ = p.stream.shutdown(Shutdown::Both);
+        let _ = p.shutdown(Shutdown::Both);
     }
     coord
 }
@@ -407,22 +403,22 @@ fn on_message(coord: &mut Coordinator, conn: Conn, m: ToHost) -> Vec<Out> {
     }
 }
 
-fn deliver(peers: &mut HashMap<Conn, Peer>, outs: Vec<Out>) {
+fn deliver(peers: &mut HashMap<Conn, TcpStream>, outs: Vec<Out>) {
     for o in outs {
         let Some(p) = peers.get_mut(&o.conn) else {
             continue;
         };
         // A node whose link is down fails here after the write timeout; the
         // heartbeat finds it lost.
-        let _ = proto::send(&mut p.stream, &o.msg);
+        let _ = proto::send(p, &o.msg);
         if let ToAgent::Refused { .. } = o.msg {
             // A peer the coordinator turned away (in an open job, past the
             // door): closed both ways, so its reader thread ends now rather
             // than when the peer chooses to close.
-            let _ = p.stream.shutdown(Shutdown::Both);
+            let _ = p.shutdown(Shutdown::Both);
             peers.remove(&o.conn);
         } else if o.close {
-            let _ = p.stream.shutdown(Shutdown::Write);
+            let _ = p.shutdown(Shutdown::Write);
         }
     }
 }
