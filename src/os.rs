@@ -99,17 +99,23 @@ pub(crate) fn set_task_affinity(tid: libc::pid_t, words: &[u64]) -> std::io::Res
 
 /// set_mempolicy(mode, nodes): the calling thread's NUMA memory policy.
 pub(crate) fn set_mempolicy_raw(mode: i32, nodes: &[u64]) -> std::io::Result<()> {
-    let (ptr, maxnode) = if nodes.is_empty() || mode == MPOL_LOCAL || mode == MPOL_DEFAULT {
-        (std::ptr::null(), 0)
-    } else {
-        (nodes.as_ptr(), nodes.len() * 64 + 1)
-    };
+    let (ptr, maxnode) = mempolicy_args(mode, nodes);
     // SAFETY: ptr is null or valid for nodes.len() words; maxnode - 1 bits are read.
     let r = unsafe { libc::syscall(libc::SYS_set_mempolicy, mode, ptr, maxnode) };
     if r < 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// set_mempolicy's node mask and its bit count for `mode` and `nodes`:
+/// none for the modes that take none.
+pub(crate) fn mempolicy_args(mode: i32, nodes: &[u64]) -> (*const u64, usize) {
+    if nodes.is_empty() || mode == MPOL_LOCAL || mode == MPOL_DEFAULT {
+        (std::ptr::null(), 0)
+    } else {
+        (nodes.as_ptr(), nodes.len() * 64 + 1)
+    }
 }
 
 /// Ask for SIGKILL when the parent dies; false when the parent is already gone.

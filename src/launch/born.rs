@@ -1,15 +1,19 @@
-//! Starting a rank already inside the job's cgroup: `clone3` with
-//! `CLONE_INTO_CGROUP` (Linux 5.7+, cgroup v2), so no process ever migrates
-//! into it. A migration through `cgroup.procs` waits for the kernel's RCU
-//! grace period (measured: 19.6 ms of a 22-30 ms launch right after a
-//! torchrun run); a birth in place waits for nothing. The child does what
+//! Starting a rank the cheapest way the kernel offers: `clone3` with
+//! `CLONE_VM` (`vm.rs`), so no copy of the supervisor is made (a fork of
+//! it cost 0.3-0.7 ms per rank, and more in the copy-on-write faults that
+//! followed), and where there is a job cgroup `CLONE_INTO_CGROUP` (Linux
+//! 5.7+, cgroup v2), so no process ever migrates into it (a migration
+//! through `cgroup.procs` waits for the kernel's RCU grace period: 19.6 ms
+//! of a 22-30 ms launch right after a torchrun run). The child does what
 //! `std::process::Command` would with our options (stdin from /dev/null,
 //! stdout and stderr to pipes, its own process group, an empty signal mask,
-//! SIGPIPE back to default), asks to die with us, takes its placement and
-//! execs; an exec that fails sends its errno back through a close-on-exec
-//! pipe. Everything it needs is prepared before the clone: between clone and
-//! exec it only makes syscalls. Where the kernel refuses the flag, the
-//! caller falls back to `std::process::Command` and `cgroup.procs`.
+//! SIGPIPE and our handled signals back to default), asks to die with us,
+//! takes its placement and execs; an exec that fails sends its errno back
+//! through a close-on-exec pipe. Everything it needs is prepared before the
+//! clone: between clone and exec it makes raw syscalls only (it shares our
+//! memory, so it must not write our errno or heap), and we go on cloning the
+//! next rank meanwhile. Where the kernel refuses, the caller falls back to
+//! `std::process::Command` (and `cgroup.procs`).
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, OsString};
@@ -17,27 +21,10 @@ use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::RankLaunch;
-
-/// `struct clone_args` as far as `cgroup` (CLONE_ARGS_SIZE_VER2).
-#[repr(C)]
-#[derive(Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-    cgroup: u64,
-}
-
-const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+use super::vm::{self, CLONE_INTO_CGROUP, CloneArgs, Stack};
 
 /// Why a birth in place did not happen.
 #[derive(Debug)]
@@ -130,6 +117,9 @@ fn clone3_into(cgroup: RawFd) -> std::io::Result<i32> {
 /// Can ranks be born in the cgroup whose directory is `cgroup`? A child
 /// that exits at once, reaped here (for the dry run, before any rank).
 pub(crate) fn probe(cgroup: RawFd) -> Result<(), std::io::Error> {
+    if !vm::SUPPORTED {
+        return Err(std::io::Error::from_raw_os_error(libc::ENOSYS));
+    }
     match clone3_into(cgroup)? {
         0 => {
             // SAFETY: the child leaves at once without running destructors.
@@ -144,25 +134,162 @@ pub(crate) fn probe(cgroup: RawFd) -> Result<(), std::io::Error> {
     }
 }
 
+/// Set once clone3 was refused with no cgroup asked for (an old kernel, a
+/// seccomp filter): the rest of this process's ranks go through `Command`.
+static REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// May ranks still be born here (clone3 not refused so far)?
+pub(crate) fn allowed() -> bool {
+    vm::SUPPORTED && !REFUSED.load(Ordering::Relaxed)
+}
+
+/// What the child reads, all of it prepared before the clone and kept
+/// (in `Pending`) until it has exec'd or exited.
+struct Child {
+    path: CString,
+    _argv: Vec<CString>,
+    _envp: Vec<CString>,
+    argv_p: Vec<*const libc::c_char>,
+    envp_p: Vec<*const libc::c_char>,
+    /// stdin, stdout, stderr, and the status pipe's write end.
+    fds: [RawFd; 4],
+    parent: i32,
+    cpus: Option<Vec<u64>>,
+    mem: Option<(i32, Vec<u64>)>,
+    /// The signals we handle (and SIGPIPE, which we ignore): back to the
+    /// default in the child before it unblocks them.
+    handled: Vec<i32>,
+}
+
+// SAFETY: the raw pointers point into the CStrings the struct owns.
+unsafe impl Send for Child {}
+
+const STACK_BYTES: usize = 64 << 10;
+
+/// The signals with a handler of ours, and SIGPIPE (which we ignore and a
+/// rank must not: `Command` restores it the same way).
+pub(crate) fn handled_signals() -> Vec<i32> {
+    let mut out = vec![libc::SIGPIPE];
+    for sig in 1..=64 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP || sig == libc::SIGPIPE {
+            continue;
+        }
+        // SAFETY: a query only.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } == 0
+            && old.sa_sigaction != libc::SIG_DFL
+            && old.sa_sigaction != libc::SIG_IGN
+        {
+            out.push(sig);
+        }
+    }
+    out
+}
+
+/// The kernel's `struct sigaction` all zero: SIG_DFL, no flags, no mask.
+#[repr(C)]
+struct KernelSigaction([u64; 4]);
+
+/// The child: on its own stack in our memory, running beside us until its
+/// exec (CLONE_VM without CLONE_VFORK, so births overlap). Raw syscalls
+/// only, on what `Child` holds: it must not write our errno or heap.
+extern "C" fn child_main(arg: *mut libc::c_void) -> ! {
+    use libc::{
+        F_SETFD, PR_SET_PDEATHSIG, SIG_SETMASK, SIGKILL, SYS_dup3, SYS_execve, SYS_exit_group,
+        SYS_fcntl, SYS_getppid, SYS_prctl, SYS_rt_sigaction, SYS_rt_sigprocmask,
+        SYS_sched_setaffinity, SYS_set_mempolicy, SYS_setpgid, SYS_write,
+    };
+    // SAFETY: `arg` is the `Child` the parent keeps until we exec or exit;
+    // every call is a raw syscall on it, on this stack or on static bytes.
+    unsafe {
+        let c = &*(arg as *const Child);
+        let status = c.fds[3] as usize;
+        let fail = |errno: isize| -> ! {
+            let b = (errno as i32).to_ne_bytes();
+            vm::raw(SYS_write, [status, b.as_ptr() as usize, b.len(), 0]);
+            loop {
+                vm::raw(SYS_exit_group, [127, 0, 0, 0]);
+            }
+        };
+        let check = |r: isize| {
+            if r < 0 {
+                fail(-r)
+            }
+        };
+        let dfl = KernelSigaction([0; 4]);
+        for sig in &c.handled {
+            vm::raw(
+                SYS_rt_sigaction,
+                [*sig as usize, &dfl as *const _ as usize, 0, 8],
+            );
+        }
+        for (to, from) in c.fds[..3].iter().enumerate() {
+            if *from as usize == to {
+                // Already in place: only its close-on-exec flag to clear.
+                check(vm::raw(SYS_fcntl, [to, F_SETFD as usize, 0, 0]));
+            } else {
+                check(vm::raw(SYS_dup3, [*from as usize, to, 0, 0]));
+            }
+        }
+        check(vm::raw(SYS_setpgid, [0, 0, 0, 0]));
+        check(vm::raw(
+            SYS_prctl,
+            [PR_SET_PDEATHSIG as usize, SIGKILL as usize, 0, 0],
+        ));
+        if vm::raw(SYS_getppid, [0; 4]) != c.parent as isize {
+            // threadwise ended during the birth.
+            fail(libc::ESRCH as isize);
+        }
+        if let Some(words) = &c.cpus {
+            let a = [0, words.len() * 8, words.as_ptr() as usize, 0];
+            check(vm::raw(SYS_sched_setaffinity, a));
+        }
+        if let Some((mode, nodes)) = &c.mem {
+            let (ptr, maxnode) = crate::os::mempolicy_args(*mode, nodes);
+            check(vm::raw(
+                SYS_set_mempolicy,
+                [*mode as usize, ptr as usize, maxnode, 0],
+            ));
+        }
+        let empty = 0u64;
+        vm::raw(
+            SYS_rt_sigprocmask,
+            [SIG_SETMASK as usize, &empty as *const u64 as usize, 0, 8],
+        );
+        let exec = [
+            c.path.as_ptr() as usize,
+            c.argv_p.as_ptr() as usize,
+            c.envp_p.as_ptr() as usize,
+            0,
+        ];
+        fail(-vm::raw(SYS_execve, exec))
+    }
+}
+
 /// A rank cloned, not yet known to have exec'd.
-#[derive(Debug)]
 pub(crate) struct Pending {
     pub pid: i32,
-    stdout: File,
-    stderr: File,
+    /// The read ends of its stdout and stderr (taken by `born`).
+    pipes: Option<(File, File)>,
     status: File,
+    /// The child's stack and what it reads, freed once it has exec'd or exited.
+    running: Option<(Stack, Box<Child>)>,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending").field("pid", &self.pid).finish()
+    }
 }
 
 impl Pending {
-    /// Wait until the rank has exec'd (its status pipe closes): the read
-    /// ends of its stdout and stderr; or why it could not (its errno; it
-    /// has exited and is reaped here).
-    pub(crate) fn born(self) -> Result<(File, File), std::io::Error> {
-        let mut status = self.status;
+    /// Wait for the status pipe: EOF once the child has exec'd (or died),
+    /// or its errno.
+    fn wait_status(&mut self) -> Option<i32> {
         let mut buf = [0u8; 4];
         let mut got = 0;
         loop {
-            match status.read(&mut buf[got..]) {
+            match self.status.read(&mut buf[got..]) {
                 Ok(0) => break,
                 Ok(n) => {
                     got += n;
@@ -174,20 +301,51 @@ impl Pending {
                 Err(_) => break,
             }
         }
-        if got == buf.len() {
+        (got == buf.len()).then(|| i32::from_ne_bytes(buf))
+    }
+
+    /// Wait until the rank has exec'd (its status pipe closes): the read
+    /// ends of its stdout and stderr; or why it could not (its errno; it
+    /// has exited and is reaped here).
+    pub(crate) fn born(mut self) -> Result<(File, File), std::io::Error> {
+        let errno = self.wait_status();
+        if let Some(errno) = errno {
             let mut st = 0;
             // SAFETY: our own child, which has exited or is about to.
             unsafe { libc::waitpid(self.pid, &mut st, 0) };
-            return Err(std::io::Error::from_raw_os_error(i32::from_ne_bytes(buf)));
+            self.running = None;
+            return Err(std::io::Error::from_raw_os_error(errno));
         }
-        Ok((self.stdout, self.stderr))
+        // EOF: the close-on-exec pipe closed after the exec replaced the
+        // child's memory, or the child is dead; its stack is ours again.
+        self.running = None;
+        self.pipes
+            .take()
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EBADF))
     }
 }
 
-/// Clone `r` into the cgroup whose directory is `cgroup`, with `parent` as
-/// the process it dies with; `Pending::born` waits for its exec, so that
-/// several ranks' births overlap.
-pub(crate) fn start(r: &RankLaunch, parent: i32, cgroup: RawFd) -> Result<Pending, BirthError> {
+impl Drop for Pending {
+    fn drop(&mut self) {
+        // Never free what a child still runs on (a launch given up on kills
+        // its children first, so this does not wait long).
+        if self.running.is_some() {
+            self.wait_status();
+        }
+    }
+}
+
+/// Clone `r` (into the cgroup whose directory is `cgroup`, if any), with
+/// `parent` as the process it dies with. The clone shares our memory and
+/// returns at once; `Pending::born` waits for its exec, so that several
+/// ranks' births overlap.
+/// `handled`: `handled_signals()`, asked once for several births.
+pub(crate) fn start(
+    r: &RankLaunch,
+    parent: i32,
+    cgroup: Option<RawFd>,
+    handled: &[i32],
+) -> Result<Pending, BirthError> {
     let failed = BirthError::Failed;
     // Everything the child touches, made before the clone.
     let path = cstr(
@@ -203,65 +361,151 @@ pub(crate) fn start(r: &RankLaunch, parent: i32, cgroup: RawFd) -> Result<Pendin
         .collect::<Result<_, _>>()
         .map_err(failed)?;
     let envp = environment(&r.env_remove, &r.env).map_err(failed)?;
-    let mut argv_p: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-    argv_p.push(std::ptr::null());
-    let mut envp_p: Vec<*const libc::c_char> = envp.iter().map(|e| e.as_ptr()).collect();
-    envp_p.push(std::ptr::null());
+    let pointers = |v: &[CString]| {
+        let mut p: Vec<*const libc::c_char> = v.iter().map(|a| a.as_ptr()).collect();
+        p.push(std::ptr::null());
+        p
+    };
     let null = File::open("/dev/null").map_err(failed)?;
     let (out_r, out_w) = pipe().map_err(failed)?;
     let (err_r, err_w) = pipe().map_err(failed)?;
     let (status_r, status_w) = pipe().map_err(failed)?;
-    let placement = &r.placement;
-    let fds = (
-        null.as_raw_fd(),
-        out_w.as_raw_fd(),
-        err_w.as_raw_fd(),
-        status_w.as_raw_fd(),
-    );
-    let pid = match clone3_into(cgroup) {
+    let child = Box::new(Child {
+        path,
+        argv_p: pointers(&argv),
+        envp_p: pointers(&envp),
+        _argv: argv,
+        _envp: envp,
+        fds: [
+            null.as_raw_fd(),
+            out_w.as_raw_fd(),
+            err_w.as_raw_fd(),
+            status_w.as_raw_fd(),
+        ],
+        parent,
+        cpus: r.placement.cpus.clone(),
+        mem: r.placement.mem.clone(),
+        handled: handled.to_vec(),
+    });
+    let stack = Stack::new(STACK_BYTES).map_err(failed)?;
+    let arg = &*child as *const Child as *mut libc::c_void;
+    // SAFETY: child_main makes raw syscalls only, on `child` and its stack,
+    // which `Pending` keeps until the child has exec'd or exited.
+    let pid = match unsafe { vm::spawn(libc::CLONE_VM as u64, cgroup, &stack, child_main, arg) } {
         Ok(p) => p,
-        Err(e) if refused(&e) => return Err(BirthError::Refused),
+        Err(e) if refused(&e) => {
+            if cgroup.is_none() {
+                REFUSED.store(true, Ordering::Relaxed);
+            }
+            return Err(BirthError::Refused);
+        }
         Err(e) => return Err(failed(e)),
     };
-    if pid == 0 {
-        // The child: syscalls only, then exec or _exit.
-        // SAFETY: every pointer was prepared above and stays valid in this copy.
-        unsafe {
-            let fail = |status: RawFd| -> ! {
-                let e = *libc::__errno_location();
-                let b = e.to_ne_bytes();
-                libc::write(status, b.as_ptr().cast(), b.len());
-                libc::_exit(127)
-            };
-            let mut empty: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut empty);
-            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-            if libc::dup2(fds.0, 0) < 0 || libc::dup2(fds.1, 1) < 0 || libc::dup2(fds.2, 2) < 0 {
-                fail(fds.3);
-            }
-            if libc::setpgid(0, 0) != 0 {
-                fail(fds.3);
-            }
-            if !crate::os::die_with_parent(parent) {
-                *libc::__errno_location() = libc::ESRCH;
-                fail(fds.3);
-            }
-            if let Err((_, e)) = placement.apply() {
-                *libc::__errno_location() = e.raw_os_error().unwrap_or(libc::EINVAL);
-                fail(fds.3);
-            }
-            libc::execve(path.as_ptr(), argv_p.as_ptr(), envp_p.as_ptr());
-            fail(fds.3)
-        }
-    }
-    // The parent: the child's ends close here; the status pipe says whether
-    // exec happened (EOF) or why not (an errno), in `Pending::born`.
+    // The parent: the child's ends close here (the child has its own copies);
+    // the status pipe says whether exec happened (EOF) or why not (an errno),
+    // in `Pending::born`.
     drop((null, out_w, err_w, status_w));
     Ok(Pending {
         pid,
-        stdout: File::from(out_r),
-        stderr: File::from(err_r),
+        pipes: Some((File::from(out_r), File::from(err_r))),
         status: File::from(status_r),
+        running: Some((stack, child)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn launch(argv: &[&str], cpus: Option<Vec<u64>>) -> RankLaunch {
+        RankLaunch {
+            local_rank: 0,
+            argv: argv.iter().map(OsString::from).collect(),
+            program: None,
+            env: [("TW_BORN_TEST".to_string(), "set".to_string())].into(),
+            env_remove: vec!["HOME".into()],
+            placement: crate::os::Placement { cpus, mem: None },
+            cpus: String::new(),
+            mem: String::new(),
+            worker_mask: None,
+        }
+    }
+
+    fn me() -> i32 {
+        std::process::id() as i32
+    }
+
+    fn reap(pid: i32) -> i32 {
+        let mut st = 0;
+        // SAFETY: our own child.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+        st
+    }
+
+    #[test]
+    fn a_birth_runs_the_program_with_its_placement_environment_and_default_signals() {
+        if !allowed() {
+            return; // another architecture: Command starts the ranks
+        }
+        let cpu = crate::os::get_affinity().unwrap().first().unwrap();
+        let words = crate::os::mask_words(&std::iter::once(cpu).collect());
+        let handled = handled_signals();
+        // Something of ours the child must not keep: our SIGPIPE is ignored.
+        assert!(handled.contains(&libc::SIGPIPE));
+        let script = "grep -E '^(SigBlk|SigIgn|SigCgt|Cpus_allowed_list)' /proc/self/status; \
+                      echo env=$TW_BORN_TEST home=${HOME-unset}";
+        let r = launch(&["/bin/sh", "-c", script], Some(words));
+        let p = start(&r, me(), None, &handled).unwrap();
+        let pid = p.pid;
+        let (mut out, _err) = p.born().unwrap();
+        let mut text = String::new();
+        out.read_to_string(&mut text).unwrap();
+        assert_eq!(reap(pid), 0, "{text}");
+        let field = |k: &str| {
+            text.lines()
+                .find(|l| l.starts_with(k))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert_eq!(field("Cpus_allowed_list:"), cpu.to_string(), "{text}");
+        assert_eq!(field("SigBlk:"), "0000000000000000", "{text}");
+        // SIGPIPE is not ignored in the child (a launcher's parent may have
+        // left others ignored; those the child inherits, as with Command).
+        let ignored = u64::from_str_radix(&field("SigIgn:"), 16).unwrap();
+        assert_eq!(ignored & (1 << (libc::SIGPIPE - 1)), 0, "{text}");
+        assert!(text.contains("env=set home=unset"), "{text}");
+    }
+
+    #[test]
+    fn a_failed_exec_or_placement_comes_back_as_its_errno() {
+        if !allowed() {
+            return;
+        }
+        let handled = handled_signals();
+        let errno = |r: &RankLaunch| {
+            let p = start(r, me(), None, &handled).unwrap();
+            p.born().unwrap_err().raw_os_error()
+        };
+        assert_eq!(
+            errno(&launch(&["/nonexistent/x"], None)),
+            Some(libc::ENOENT)
+        );
+        let d = tempfile::tempdir().unwrap();
+        let plain = d.path().join("plain");
+        std::fs::write(&plain, "not a program").unwrap();
+        let plain = plain.to_str().unwrap();
+        assert_eq!(errno(&launch(&[plain], None)), Some(libc::EACCES));
+        // CPU 4095 is nobody's: the kernel refuses the mask before the exec.
+        let mut words = vec![0u64; 64];
+        words[63] = 1 << 63;
+        assert_eq!(
+            errno(&launch(&["/bin/true"], Some(words))),
+            Some(libc::EINVAL)
+        );
+        // The parent the child must die with is not its parent: it says so.
+        let p = start(&launch(&["/bin/true"], None), 1, None, &handled).unwrap();
+        assert_eq!(p.born().unwrap_err().raw_os_error(), Some(libc::ESRCH));
+    }
 }

@@ -1,23 +1,28 @@
 //! Keeping a job's processes where they can all be found and killed, even
 //! when threadwise itself is SIGKILLed or OOM-killed. Where the machine lets
-//! us (cgroup v2 writable, kernel 5.14+ for `cgroup.kill`), every rank joins a
-//! cgroup of its own job between fork and exec, before anything else runs in
-//! it, so whatever it starts (DataLoader workers, `setsid` daemons) is in it
-//! too. A small watchdog (this binary, `__watchdog DIR`, outside the cgroup
-//! and deaf to terminal signals) waits on a pipe from us; when the pipe
-//! closes, because we ended normally or were killed, it kills the cgroup as a
-//! whole and removes it. Elsewhere the process groups, PR_SET_PDEATHSIG and the
+//! us (cgroup v2 writable, kernel 5.14+ for `cgroup.kill`), every rank is born
+//! in a cgroup of its own job (`born.rs`), or joins it between fork and exec,
+//! before anything else runs in it, so whatever it starts (DataLoader
+//! workers, `setsid` daemons) is in it too. A small watchdog (a clone that
+//! shares our memory and makes raw syscalls only, or on other architectures
+//! this binary's `__watchdog DIR`; outside the cgroup, its signals blocked)
+//! waits on a pipe from us; when the pipe closes, because we ended normally
+//! or were killed, it kills the cgroup as a whole and removes it. Elsewhere the process groups, PR_SET_PDEATHSIG and the
 //! child subreaper are what contains the ranks (the ranks die with us, but
 //! their own children may not).
 
+use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+use super::vm;
 
 /// The hidden subcommand the watchdog runs as.
 pub(crate) const WATCHDOG: &str = "__watchdog";
@@ -31,7 +36,7 @@ pub(crate) struct JobCgroup {
     procs: File,
     /// Ranks can be born in it (until the kernel says otherwise).
     births: AtomicBool,
-    watchdog: Option<Child>,
+    watchdog: Option<Watchdog>,
 }
 
 /// How a launch keeps its processes together.
@@ -107,16 +112,7 @@ impl JobCgroup {
             .map_err(|e| fail(format!("cannot open cgroup.procs: {e}")))?;
         let dir_fd =
             open_dir(&dir).map_err(|e| fail(format!("cannot open {}: {e}", dir.display())))?;
-        let me = std::env::current_exe().map_err(|e| fail(e.to_string()))?;
-        let watchdog = Command::new(me)
-            .arg(WATCHDOG)
-            .arg(&dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .map_err(|e| fail(format!("cannot start the watchdog: {e}")))?;
+        let watchdog = Watchdog::start(&dir).map_err(fail)?;
         Ok(JobCgroup {
             dir,
             dir_fd,
@@ -170,7 +166,7 @@ impl JobCgroup {
 
     /// The watchdog's pid (not ours to kill as an orphan).
     pub(crate) fn watchdog_pid(&self) -> Option<i32> {
-        self.watchdog.as_ref().map(|c| c.id() as i32)
+        self.watchdog.as_ref().map(Watchdog::pid)
     }
 
     /// Kill everything in the cgroup and wait (briefly) until it is empty.
@@ -183,11 +179,149 @@ impl Drop for JobCgroup {
     fn drop(&mut self) {
         kill_dir(&self.dir);
         let _ = std::fs::remove_dir(&self.dir);
-        if let Some(mut w) = self.watchdog.take() {
-            // The watchdog finds the cgroup gone and exits; it is reaped with
-            // the next wait4 (or by init once we are gone), not waited for.
+        // The watchdog finds the cgroup gone and exits; it is reaped with
+        // the next wait4 (or by init once we are gone), not waited for.
+        if let Some(Watchdog::Exec(mut w)) = self.watchdog.take() {
             drop(w.stdin.take());
             let _ = w.try_wait();
+        }
+    }
+}
+
+/// The process that kills the job's cgroup once our end of its pipe closes
+/// (we ended, or were killed).
+enum Watchdog {
+    /// A child sharing our memory (`vm`): no exec, no copy of us. It holds
+    /// only the pipe's read end; our write end closes with us.
+    Shared { pid: i32, _pipe: OwnedFd },
+    /// This binary's `__watchdog DIR`, where the build cannot clone so.
+    Exec(Child),
+}
+
+/// What the shared watchdog reads: made before its clone and never freed
+/// (it may outlive us; 16 KiB of stack and two paths per job).
+struct WatchArgs {
+    pipe: RawFd,
+    kill: CString,
+    dir: CString,
+}
+
+const WATCH_STACK: usize = 16 << 10;
+
+impl Watchdog {
+    fn start(dir: &Path) -> Result<Watchdog, String> {
+        if vm::SUPPORTED
+            && let Ok(w) = Watchdog::shared(dir)
+        {
+            return Ok(w);
+        }
+        let me = std::env::current_exe().map_err(|e| e.to_string())?;
+        Command::new(me)
+            .arg(WATCHDOG)
+            .arg(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .map(Watchdog::Exec)
+            .map_err(|e| format!("cannot start the watchdog: {e}"))
+    }
+
+    fn shared(dir: &Path) -> std::io::Result<Watchdog> {
+        let path = |p: &Path| {
+            CString::new(p.as_os_str().as_bytes())
+                .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
+        };
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills two descriptors we then own.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: both were just opened for us.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let args = Box::new(WatchArgs {
+            pipe: read.as_raw_fd(),
+            kill: path(&dir.join("cgroup.kill"))?,
+            dir: path(dir)?,
+        });
+        let stack = vm::Stack::new(WATCH_STACK)?;
+        let arg = &*args as *const WatchArgs as *mut libc::c_void;
+        // SAFETY: watch_main makes raw syscalls only, on `args` and its
+        // stack, which are leaked below once it runs.
+        let pid = unsafe { vm::spawn(libc::CLONE_VM as u64, None, &stack, watch_main, arg)? };
+        std::mem::forget(stack);
+        Box::leak(args);
+        drop(read);
+        Ok(Watchdog::Shared { pid, _pipe: write })
+    }
+
+    fn pid(&self) -> i32 {
+        match self {
+            Watchdog::Shared { pid, .. } => *pid,
+            Watchdog::Exec(c) => c.id() as i32,
+        }
+    }
+}
+
+/// The shared watchdog: in its own process group, every signal blocked,
+/// every descriptor closed but its pipe; when the pipe says EOF, kill the
+/// cgroup and remove it (retrying while it empties). Raw syscalls only: it
+/// shares our memory and must not touch our errno or heap.
+extern "C" fn watch_main(arg: *mut libc::c_void) -> ! {
+    use libc::{
+        AT_FDCWD, AT_REMOVEDIR, EINTR, ENOENT, O_CLOEXEC, O_WRONLY, SYS_close, SYS_close_range,
+        SYS_exit, SYS_nanosleep, SYS_openat, SYS_read, SYS_setpgid, SYS_unlinkat, SYS_write,
+    };
+    // SAFETY: `arg` is the leaked WatchArgs; each call is a plain syscall on
+    // it, on this stack or on static bytes.
+    unsafe {
+        let w = &*(arg as *const WatchArgs);
+        let pipe = w.pipe as usize;
+        vm::raw(SYS_setpgid, [0, 0, 0, 0]);
+        if pipe > 0 {
+            vm::raw(SYS_close_range, [0, pipe - 1, 0, 0]);
+        }
+        vm::raw(SYS_close_range, [pipe + 1, u32::MAX as usize, 0, 0]);
+        let mut buf = [0u8; 64];
+        loop {
+            let n = vm::raw(SYS_read, [pipe, buf.as_mut_ptr() as usize, buf.len(), 0]);
+            if n != -(EINTR as isize) && n <= 0 {
+                break;
+            }
+        }
+        let open = [
+            AT_FDCWD as usize,
+            w.kill.as_ptr() as usize,
+            (O_WRONLY | O_CLOEXEC) as usize,
+            0,
+        ];
+        let fd = vm::raw(SYS_openat, open);
+        if fd >= 0 {
+            vm::raw(SYS_write, [fd as usize, b"1".as_ptr() as usize, 1, 0]);
+            vm::raw(SYS_close, [fd as usize, 0, 0, 0]);
+        }
+        let pause = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 10_000_000,
+        };
+        for _ in 0..300 {
+            let r = vm::raw(
+                SYS_unlinkat,
+                [
+                    AT_FDCWD as usize,
+                    w.dir.as_ptr() as usize,
+                    AT_REMOVEDIR as usize,
+                    0,
+                ],
+            );
+            if r == 0 || r == -(ENOENT as isize) {
+                break;
+            }
+            vm::raw(SYS_nanosleep, [&pause as *const _ as usize, 0, 0, 0]);
+        }
+        loop {
+            vm::raw(SYS_exit, [0, 0, 0, 0]);
         }
     }
 }

@@ -18,6 +18,7 @@ pub(crate) mod report;
 pub(crate) mod settings;
 pub(crate) mod signals;
 pub(crate) mod supervise;
+mod vm;
 pub(crate) mod workers;
 
 use std::collections::BTreeMap;
@@ -229,16 +230,47 @@ pub(crate) fn node_launches(
 /// so a refusal is reported once, up front, and never leaves half a launch
 /// behind.
 pub(crate) fn check_placements(launches: &[RankLaunch]) -> Result<(), LaunchError> {
-    let ps: Vec<Placement> = launches.iter().map(|l| l.placement.clone()).collect();
-    let refused = std::thread::spawn(move || {
-        ps.iter()
-            .enumerate()
-            .find_map(|(i, p)| p.apply().err().map(|(what, e)| (i, what, e)))
-    })
-    .join()
-    .ok()
-    .flatten();
-    match refused {
+    // Each distinct CPU mask and memory policy once (8 ranks on 2 CPUs are
+    // 2 masks to try), on a helper thread: the masks set from here while it
+    // waits (a waiting thread moves nowhere, where setting the running one's
+    // mask waits for its migration), the memory policies by the helper itself.
+    let mut cpus: Vec<(usize, &Vec<u64>)> = vec![];
+    let mut mems: Vec<(usize, (i32, Vec<u64>))> = vec![];
+    for (i, l) in launches.iter().enumerate() {
+        if let Some(w) = &l.placement.cpus
+            && !cpus.iter().any(|(_, c)| *c == w)
+        {
+            cpus.push((i, w));
+        }
+        if let Some(m) = &l.placement.mem
+            && !mems.iter().any(|(_, n)| n == m)
+        {
+            mems.push((i, m.clone()));
+        }
+    }
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let helper = std::thread::spawn(move || {
+        // SAFETY: plain query.
+        let _ = tid_tx.send(unsafe { libc::gettid() });
+        let _ = go_rx.recv();
+        mems.iter().find_map(|(i, (mode, nodes))| {
+            os::set_mempolicy_raw(*mode, nodes)
+                .err()
+                .map(|e| (*i, "set_mempolicy", e))
+        })
+    });
+    let refused_cpus = match tid_rx.recv() {
+        Ok(tid) => cpus.iter().find_map(|(i, w)| {
+            os::set_task_affinity(tid, w)
+                .err()
+                .map(|e| (*i, "sched_setaffinity", e))
+        }),
+        Err(_) => None,
+    };
+    let _ = go_tx.send(());
+    let refused_mem = helper.join().ok().flatten();
+    match refused_cpus.or(refused_mem) {
         None => Ok(()),
         Some((i, what, source)) => Err(LaunchError::Placement {
             rank: launches[i].local_rank,

@@ -1,5 +1,6 @@
-//! Rank output: each rank's stdout and stderr are read concurrently (a full
-//! pipe never blocks a rank) in chunks of up to 256 KiB. On the terminal, every write
+//! Rank output: each rank's stdout and stderr are read as their bytes come
+//! (a full pipe never blocks a rank; a few threads, each polling its ranks'
+//! pipes) in chunks of up to 256 KiB. On the terminal, every write
 //! holds whole lines only, under one lock, so no rank's line is cut by
 //! another's; with `[rank K] ` prefixes (the default) each line and each
 //! carriage-return update (tqdm) gets the prefix, and a line that already
@@ -23,8 +24,8 @@ use std::thread::JoinHandle;
 /// kernel's 64 KiB): a rank that prints a lot wakes its pump less often.
 pub(crate) const PIPE_BYTES: usize = 1 << 20;
 
-/// The most one read takes, and the log's buffer: what a pump holds, twice
-/// per rank (stdout and stderr).
+/// The most one read takes (one buffer per output thread), and the log's
+/// buffer (one per log file).
 const READ_BYTES: usize = 256 * 1024;
 
 /// Lines up to this long are written whole; longer ones in pieces of it.
@@ -299,17 +300,87 @@ impl Pump {
     }
 }
 
-/// Start a thread that copies one pipe to our stdout or stderr (and the log).
-pub(crate) fn pump(
+/// One rank pipe to copy: to our stdout or stderr, its log, the tail.
+pub(crate) struct Source {
+    pub rank: usize,
+    pub stream: Stream,
+    pub pipe: File,
+    pub log: Option<(File, String)>,
+    pub tail: Option<Tail>,
+}
+
+/// Copy every source on `threads` threads (at least one), each waiting on
+/// its share of the pipes at once (poll); a rank's two pipes share a thread.
+/// One thread per pipe would cost more to start than the copy of a short
+/// run; more threads than CPUs copy no faster.
+pub(crate) fn pumps(
+    sources: Vec<Source>,
+    opts: &OutputOptions,
+    state: &Arc<OutputState>,
+    threads: usize,
+) -> Pumps {
+    let mut ranks: Vec<usize> = sources.iter().map(|s| s.rank).collect();
+    ranks.dedup();
+    let threads = threads.clamp(1, ranks.len().max(1));
+    let mut groups: Vec<Vec<(Pump, File)>> = (0..threads).map(|_| vec![]).collect();
+    for src in sources {
+        let g = ranks.iter().position(|r| *r == src.rank).unwrap_or(0) % threads;
+        groups[g].push((
+            pump(src.rank, src.stream, src.log, opts, src.tail, state.clone()),
+            src.pipe,
+        ));
+    }
+    let (tx, done) = std::sync::mpsc::channel();
+    let handles = groups
+        .into_iter()
+        .filter(|g| !g.is_empty())
+        .map(|g| {
+            let tx = tx.clone();
+            // A small stack: the thread only copies bytes.
+            std::thread::Builder::new()
+                .stack_size(128 * 1024)
+                .spawn(move || {
+                    copy_all(g);
+                    let _ = tx.send(());
+                })
+                .expect("cannot start an output thread")
+        })
+        .collect();
+    Pumps { handles, done }
+}
+
+/// The output threads, and word of each one's end.
+pub(crate) struct Pumps {
+    handles: Vec<JoinHandle<()>>,
+    done: std::sync::mpsc::Receiver<()>,
+}
+
+impl Pumps {
+    /// Wait for every thread to end, but never longer than `limit` (a pipe
+    /// an escaped process holds open would keep one waiting for ever).
+    pub(crate) fn join_within(self, limit: std::time::Duration) {
+        let deadline = std::time::Instant::now() + limit;
+        for _ in 0..self.handles.len() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if self.done.recv_timeout(left).is_err() {
+                return; // left running; they end with the process
+            }
+        }
+        for h in self.handles {
+            let _ = h.join();
+        }
+    }
+}
+
+fn pump(
     rank: usize,
     stream: Stream,
-    mut pipe: impl Read + Send + 'static,
     log: Option<(File, String)>,
     opts: &OutputOptions,
     tail: Option<Tail>,
     state: Arc<OutputState>,
-) -> JoinHandle<()> {
-    let mut p = Pump {
+) -> Pump {
+    Pump {
         rank,
         stream,
         show: opts.show.as_ref().is_none_or(|s| s.contains(&rank)),
@@ -326,30 +397,60 @@ pub(crate) fn pump(
         out: Vec::new(),
         #[cfg(test)]
         shown: Vec::new(),
-    };
-    // A small stack: the thread only copies bytes, and 2 threads per rank add up.
-    let builder = std::thread::Builder::new().stack_size(128 * 1024);
-    let spawned = builder.spawn(move || {
-        let mut buf = vec![0u8; READ_BYTES];
-        loop {
-            let n = match pipe.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(_) => break,
+    }
+}
+
+/// Copy the pipes until each has ended (or nothing wants its bytes): one
+/// read per pipe that is ready, in turn, so no pipe waits on another.
+fn copy_all(mut live: Vec<(Pump, File)>) {
+    use std::os::fd::AsRawFd;
+    let mut buf = vec![0u8; READ_BYTES];
+    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(live.len());
+    while !live.is_empty() {
+        fds.clear();
+        fds.extend(live.iter().map(|(_, f)| libc::pollfd {
+            fd: f.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }));
+        if live.len() > 1 {
+            // SAFETY: fds is valid for fds.len() entries.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+            if n < 0 {
+                if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                continue;
+            }
+        } else {
+            // One pipe: its read waits by itself.
+            fds[0].revents = libc::POLLIN;
+        }
+        // Highest first, so a pipe removed does not move one still to read.
+        for i in (0..fds.len()).rev() {
+            if fds[i].revents == 0 {
+                continue;
+            }
+            let (p, pipe) = &mut live[i];
+            let ended = match pipe.read(&mut buf) {
+                Ok(0) => true,
+                Ok(n) => {
+                    let was_shown = p.show;
+                    p.chunk(&buf[..n]);
+                    // Our side closed and nothing else wants the bytes: close
+                    // the rank's pipe so it sees what it would see without us.
+                    was_shown && !p.show && !p.wanted()
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => false,
+                Err(_) => true,
             };
-            let was_shown = p.show;
-            p.chunk(&buf[..n]);
-            if was_shown && !p.show && !p.wanted() {
-                // Our side closed and nothing else wants the bytes: close the
-                // rank's pipe so it sees what it would see without us.
-                break;
+            if ended {
+                let (mut p, pipe) = live.swap_remove(i);
+                p.finish();
+                drop(pipe);
             }
         }
-        p.finish();
-        drop(pipe);
-    });
-    spawned.expect("cannot start an output thread")
+    }
 }
 
 #[cfg(test)]
@@ -492,5 +593,92 @@ mod tests {
         p.chunk(&vec![b'x'; MAX_LINE + 10]);
         assert!(p.state.split_lines.load(Ordering::Relaxed));
         assert!(p.pending.is_empty());
+    }
+
+    /// Three ranks' pipes (six) on one thread: every log holds exactly what
+    /// its writer wrote, whatever the interleaving; the sink gets each line
+    /// whole; a pipe whose writer stays silent does not hold up the others.
+    #[test]
+    fn one_thread_copies_many_pipes_each_whole() {
+        let d = tempfile::tempdir().unwrap();
+        let lines: Arc<Mutex<Vec<(usize, String)>>> = Arc::default();
+        let seen = lines.clone();
+        let opts = OutputOptions {
+            prefix: true,
+            show: Some(vec![]),
+            sink: Some(Arc::new(move |r, l: &str| {
+                seen.lock().unwrap().push((r, l.to_string()))
+            })),
+            rank_base: 0,
+        };
+        let mut sources = vec![];
+        let mut writers = vec![];
+        for rank in 0..3 {
+            for stream in [Stream::Stdout, Stream::Stderr] {
+                let mut fds = [0; 2];
+                // SAFETY: pipe2 fills two descriptors we then own.
+                assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+                // SAFETY: just opened.
+                let (r, w) = unsafe {
+                    use std::os::fd::FromRawFd;
+                    (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1]))
+                };
+                let name = format!("rank-{rank}.{stream:?}");
+                let log = File::create(d.path().join(&name)).unwrap();
+                sources.push(Source {
+                    rank,
+                    stream,
+                    pipe: r,
+                    log: Some((log, name)),
+                    tail: None,
+                });
+                writers.push((rank, stream, w));
+            }
+        }
+        let state = Arc::new(OutputState::default());
+        let pumps = pumps(sources, &opts, &state, 1);
+        assert_eq!(pumps.handles.len(), 1);
+        let mut expected = vec![];
+        let mut threads = vec![];
+        for (rank, stream, mut w) in writers {
+            // Rank 1's stderr says nothing until the others are done.
+            let text: Vec<u8> = (0..2000)
+                .flat_map(|i| {
+                    format!("{rank} {stream:?} line {i} {}\n", "x".repeat(i % 97)).into_bytes()
+                })
+                .collect();
+            expected.push((format!("rank-{rank}.{stream:?}"), text.clone()));
+            let quiet = rank == 1 && stream == Stream::Stderr;
+            threads.push(std::thread::spawn(move || {
+                if quiet {
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                }
+                for piece in text.chunks(4093) {
+                    w.write_all(piece).unwrap();
+                }
+            }));
+        }
+        for t in threads {
+            t.join().unwrap();
+        }
+        pumps.join_within(std::time::Duration::from_secs(10));
+        for (name, text) in expected {
+            assert!(
+                std::fs::read(d.path().join(&name)).unwrap() == text,
+                "{name}"
+            );
+        }
+        let lines = lines.lock().unwrap();
+        assert_eq!(lines.len(), 6 * 2000);
+        for (rank, line) in lines.iter() {
+            assert!(line.starts_with(&format!("{rank} ")), "{line}");
+            let n: usize = line.split(' ').nth(3).unwrap().parse().unwrap();
+            assert_eq!(
+                line.len(),
+                line.find(" line ").unwrap() + 7 + n.to_string().len() + n % 97,
+                "{line}"
+            );
+        }
+        assert!(state.log_errors.lock().unwrap().is_empty());
     }
 }

@@ -10,7 +10,6 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::contain::JobCgroup;
@@ -189,23 +188,30 @@ fn widen_pipe(f: &File) {
     };
 }
 
-/// Start a rank: born in the job's cgroup where the kernel allows it (no
-/// migration to wait for; its exec is waited for later, so births overlap),
-/// else forked and moved in before exec.
+/// Start a rank: born sharing our memory (no copy of us), in the job's cgroup
+/// if there is one (no migration to wait for); its exec is waited for later,
+/// so births overlap. Where the kernel refuses, forked (and moved into the
+/// cgroup before exec).
 fn spawn_rank(
     r: &RankLaunch,
     parent: i32,
     cgroup: Option<&JobCgroup>,
+    handled: &[i32],
 ) -> std::io::Result<Starting> {
     // A program found on PATH is a path already; a bare name is left to
     // Command's own PATH search.
     let has_path = r.program.is_some() || r.argv[0].as_encoded_bytes().contains(&b'/');
-    if let Some(cg) = cgroup
-        && let Some(dir) = cg.birth_fd().filter(|_| has_path)
-    {
-        match super::born::start(r, parent, dir) {
+    // Born into the cgroup when there is one that still takes births; with
+    // none, born all the same (no copy of us is made).
+    let into = cgroup.map(JobCgroup::birth_fd);
+    if has_path && super::born::allowed() && into != Some(None) {
+        match super::born::start(r, parent, into.flatten(), handled) {
             Ok(p) => return Ok(Starting::Born(p)),
-            Err(super::born::BirthError::Refused) => cg.no_births(),
+            Err(super::born::BirthError::Refused) => {
+                if let Some(cg) = cgroup {
+                    cg.no_births();
+                }
+            }
             Err(super::born::BirthError::Failed(e)) => return Err(e),
         }
     }
@@ -332,15 +338,16 @@ fn kill_orphans(keep: Option<i32>) {
     }
 }
 
-/// Fork every rank before any output thread exists: forking a process with one
-/// thread copies less and needs no TLB shootdown on the other CPUs. A rank that
-/// cannot start stops the ones already started: never half a launch.
+/// Start every rank before any output thread exists (where a rank is forked,
+/// a process with one thread copies less). A rank that cannot start stops the
+/// ones already started: never half a launch.
 fn spawn_all(
     ranks: &[RankLaunch],
     opts: &RunOptions,
     cgroup: Option<&JobCgroup>,
 ) -> Result<Vec<(RankChild, Logs)>, LaunchError> {
     let parent = std::process::id() as i32;
+    let handled = super::born::handled_signals();
     // Every rank cloned first, then each one's exec waited for: the waits
     // overlap instead of adding up.
     let mut starting: Vec<(Starting, Logs)> = vec![];
@@ -356,7 +363,7 @@ fn spawn_all(
                 return Err(e);
             }
         };
-        match spawn_rank(r, parent, cgroup) {
+        match spawn_rank(r, parent, cgroup, &handled) {
             Ok(s) => starting.push((s, logs)),
             Err(source) => {
                 failed = Some((r, source));
@@ -407,35 +414,32 @@ fn start_pumps(
     children: &mut [(RankChild, Logs)],
     opts: &RunOptions,
     state: &Arc<OutputState>,
-) -> (Vec<JoinHandle<()>>, Vec<Tail>) {
-    let (mut pumps, mut tails) = (vec![], vec![]);
+) -> (output::Pumps, Vec<Tail>) {
+    let (mut sources, mut tails) = (vec![], vec![]);
     for (r, (child, (out_log, err_log))) in ranks.iter().zip(children.iter_mut()) {
         let tail: Tail = Arc::new(Mutex::new(Default::default()));
-        if let Some(p) = child.stdout.take() {
-            pumps.push(output::pump(
-                r.local_rank,
-                Stream::Stdout,
-                p,
-                out_log.take(),
-                &opts.output,
-                None,
-                state.clone(),
-            ));
+        if let Some(pipe) = child.stdout.take() {
+            sources.push(output::Source {
+                rank: r.local_rank,
+                stream: Stream::Stdout,
+                pipe,
+                log: out_log.take(),
+                tail: None,
+            });
         }
-        if let Some(p) = child.stderr.take() {
-            pumps.push(output::pump(
-                r.local_rank,
-                Stream::Stderr,
-                p,
-                err_log.take(),
-                &opts.output,
-                Some(tail.clone()),
-                state.clone(),
-            ));
+        if let Some(pipe) = child.stderr.take() {
+            sources.push(output::Source {
+                rank: r.local_rank,
+                stream: Stream::Stderr,
+                pipe,
+                log: err_log.take(),
+                tail: Some(tail.clone()),
+            });
         }
         tails.push(tail);
     }
-    (pumps, tails)
+    let cpus = os::get_affinity().map_or(1, |c| c.len());
+    (output::pumps(sources, &opts.output, state, cpus), tails)
 }
 
 /// The ranks as they run, and the state machine that decides.
@@ -639,7 +643,7 @@ pub(crate) fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, La
     let (pumps, tails) = start_pumps(ranks, &mut children, opts, &state);
     supervise(&mut w, ranks, opts, signals);
     clean_up(&w, cgroup);
-    join_within(pumps, Duration::from_secs(2));
+    pumps.join_within(Duration::from_secs(2));
     Ok(outcome(w, &tails, &state, start))
 }
 
@@ -663,16 +667,4 @@ fn tell_peer(peer: &dyn Peer, w: &mut Watch, told: &mut bool) {
     if peer.stop_requested() {
         w.event(Event::Elsewhere);
     }
-}
-
-/// Join output threads, but never hang on a pipe some escaped process holds.
-fn join_within(handles: Vec<JoinHandle<()>>, limit: Duration) {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for h in handles {
-            let _ = h.join();
-        }
-        let _ = tx.send(());
-    });
-    let _ = rx.recv_timeout(limit);
 }
