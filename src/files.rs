@@ -121,24 +121,32 @@ pub(crate) fn write_output(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
                 .map_err(io(path))?;
             f.write_all(bytes).and_then(|_| f.flush()).map_err(io(path))
         }
-        Target::Missing | Target::Regular => {
-            let dir = parent(path);
-            // tempfile: a random name created with O_EXCL, mode 0600.
-            let mut tmp = tempfile::Builder::new()
-                .prefix(".threadwise-")
-                .tempfile_in(dir)
-                .map_err(io(path))?;
-            tmp.write_all(bytes)
-                .and_then(|_| tmp.as_file().sync_data())
-                .map_err(io(path))?;
-            use std::os::unix::fs::PermissionsExt;
-            tmp.as_file()
-                .set_permissions(std::fs::Permissions::from_mode(0o644))
-                .map_err(io(path))?;
-            tmp.persist(path).map_err(|e| io(path)(e.error))?;
-            Ok(())
-        }
+        Target::Missing | Target::Regular => replace(path, bytes, true),
     }
+}
+
+/// Replace `path` with `bytes` in one rename (readers see the old file or
+/// the new one, never half); `durable`: on disk before the rename, for what
+/// must survive a crash (results), not for what lives as long as a process.
+pub(crate) fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<(), FileError> {
+    let dir = parent(path);
+    // tempfile: a random name created with O_EXCL, mode 0600.
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".threadwise-")
+        .tempfile_in(dir)
+        .map_err(io(path))?;
+    tmp.write_all(bytes)
+        .and_then(|_| match durable {
+            true => tmp.as_file().sync_data(),
+            false => Ok(()),
+        })
+        .map_err(io(path))?;
+    use std::os::unix::fs::PermissionsExt;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o644))
+        .map_err(io(path))?;
+    tmp.persist(path).map_err(|e| io(path)(e.error))?;
+    Ok(())
 }
 
 /// Open a log file for writing without following a symbolic link at its name

@@ -117,12 +117,46 @@ fn command_at(argv: &[OsString]) -> Option<usize> {
 /// clap's reading of `argv`, with what clap does not say: whether `run`'s
 /// command came right after `--` (run as given) or not (torchrun's form).
 pub(super) fn parse(argv: &[OsString]) -> Result<Cli, clap::Error> {
-    let mut c = Cli::try_parse_from(argv)?;
+    let mut c = match argv.get(1).is_some_and(|a| a == "run") {
+        true => parse_run(argv)?,
+        false => Cli::try_parse_from(argv)?,
+    };
     if let Command::Run(a) = &mut c.command {
         let k = argv.len() - a.command.len().min(argv.len());
         a.after_dashes = k > 0 && argv[k - 1] == "--";
     }
     Ok(c)
+}
+
+/// The command line with only `run`'s options built: a launch does not pay
+/// for every other subcommand's (half of clap's time). The same `run` as in
+/// the whole tree (a test compares their help and errors).
+fn run_tree() -> clap::Command {
+    use clap::Args;
+    clap::Command::new("threadwise")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about("Thread, core and NUMA placement for multi-process (DDP) training")
+        .subcommand_required(true)
+        .arg_required_else_help(true)
+        .subcommand(
+            args::RunCmd::augment_args(clap::Command::new("run"))
+                .about(
+                    "Launch the ranks on this node with the plan (a drop-in for torchrun \
+                     --standalone)",
+                )
+                .long_about(None),
+        )
+}
+
+fn parse_run(argv: &[OsString]) -> Result<Cli, clap::Error> {
+    use clap::FromArgMatches;
+    let mut m = run_tree().try_get_matches_from(argv)?;
+    let Some((_, mut sub)) = m.remove_subcommand() else {
+        return Cli::try_parse_from(argv);
+    };
+    Ok(Cli {
+        command: Command::Run(args::RunCmd::from_arg_matches_mut(&mut sub)?),
+    })
 }
 
 /// Parse the arguments, run, and return the process exit code.
@@ -170,6 +204,61 @@ pub(crate) fn main() -> i32 {
                 crate::say!("hint: {h}");
             }
             f.code
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn os(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn run_alone_is_the_run_of_the_whole_tree() {
+        let mut whole = Cli::command();
+        let mut alone = run_tree();
+        whole.build();
+        alone.build();
+        let (w, a) = (
+            whole.find_subcommand_mut("run").unwrap(),
+            alone.find_subcommand_mut("run").unwrap(),
+        );
+        assert_eq!(
+            w.render_long_help().to_string(),
+            a.render_long_help().to_string()
+        );
+        assert_eq!(w.render_usage().to_string(), a.render_usage().to_string());
+        // The same readings and the same errors, word for word.
+        for argv in [
+            &["threadwise", "run", "-n", "2", "--", "python", "x.py"][..],
+            &[
+                "threadwise",
+                "run",
+                "--nproc_per_node",
+                "2",
+                "x.py",
+                "--lr",
+                "1",
+            ],
+            &["threadwise", "run", "--bogus", "--", "true"],
+            &["threadwise", "run", "-n", "zero", "--", "true"],
+            &["threadwise", "run", "--help"],
+            &["threadwise", "run"],
+        ] {
+            let whole = Cli::try_parse_from(os(argv));
+            let alone = parse_run(&os(argv));
+            match (whole, alone) {
+                (Ok(w), Ok(a)) => assert_eq!(format!("{w:?}"), format!("{a:?}"), "{argv:?}"),
+                (Err(w), Err(a)) => {
+                    assert_eq!(w.kind(), a.kind(), "{argv:?}");
+                    assert_eq!(w.to_string(), a.to_string(), "{argv:?}");
+                }
+                (w, a) => panic!("{argv:?}: {:?} vs {:?}", w.is_ok(), a.is_ok()),
+            }
         }
     }
 }

@@ -67,7 +67,8 @@ fn own_dir() -> Result<PathBuf, String> {
 pub(crate) fn write_state(state: &RunState) -> Result<PathBuf, String> {
     let f = own_dir()?.join(format!("run-{}.json", state.pid));
     let text = serde_json::to_string(state).map_err(|e| e.to_string())?;
-    crate::files::write_output(&f, text.as_bytes()).map_err(|e| e.to_string())?;
+    // It lives as long as the run: no sync to disk (a launch would wait on it).
+    crate::files::replace(&f, text.as_bytes(), false).map_err(|e| e.to_string())?;
     Ok(f)
 }
 

@@ -31,7 +31,7 @@ fn read(root: &Path, rel: &str) -> Option<String> {
 }
 
 fn read_file(path: &Path) -> Option<String> {
-    fsread::read_bounded(path, fsread::MAX_SYSFS_FILE).ok()
+    fsread::read_kernel_file(path, fsread::MAX_SYSFS_FILE).ok()
 }
 
 fn mounts(root: &Path) -> Vec<Mount> {

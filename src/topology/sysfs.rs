@@ -107,6 +107,10 @@ fn read_cpu(r: &Root, cpu: usize) -> CpuInfo {
     for idx in r.numbered(&cache, "index") {
         let d = format!("{cache}/index{idx}");
         let level: Option<u32> = r.num(&format!("{d}/level"));
+        // Only L2 and L3 make groups: an L1's files are not read further.
+        if !matches!(level, Some(2 | 3)) {
+            continue;
+        }
         let kind = r.read(&format!("{d}/type")).unwrap_or_default();
         if kind == "Instruction" {
             continue;
