@@ -163,6 +163,10 @@ fn parse_run(argv: &[OsString]) -> Result<Cli, clap::Error> {
 pub(crate) fn main() -> i32 {
     let env = |k: &str| std::env::var(k).ok();
     let raw: Vec<OsString> = std::env::args_os().collect();
+    // The watchdog `run` starts: at once, without building the command line.
+    if raw.len() == 3 && raw[1] == crate::launch::contain::WATCHDOG {
+        return crate::launch::contain::watchdog(std::path::Path::new(&raw[2]));
+    }
     let at = command_at(&raw);
     let (argv, from_env) = match pet::run_args(raw, at, &env) {
         Ok(x) => x,

@@ -166,20 +166,23 @@ unsafe impl Send for Child {}
 
 const STACK_BYTES: usize = 64 << 10;
 
-/// The signals with a handler of ours, and SIGPIPE (which we ignore and a
-/// rank must not: `Command` restores it the same way).
+/// The signals with a handler of ours (glibc's own among them, which its
+/// sigaction will not show), and SIGPIPE (which we ignore and a rank must
+/// not: `Command` restores it the same way), as the kernel has them.
 pub(crate) fn handled_signals() -> Vec<i32> {
     let mut out = vec![libc::SIGPIPE];
     for sig in 1..=64 {
-        if sig == libc::SIGKILL || sig == libc::SIGSTOP || sig == libc::SIGPIPE {
+        if matches!(sig, libc::SIGKILL | libc::SIGSTOP | libc::SIGPIPE) {
             continue;
         }
-        // SAFETY: a query only.
-        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } == 0
-            && old.sa_sigaction != libc::SIG_DFL
-            && old.sa_sigaction != libc::SIG_IGN
-        {
+        let mut old = KernelSigaction([0; 4]);
+        // SAFETY: a query into `old`, the kernel's layout and size.
+        let r = unsafe {
+            let a = [sig as usize, 0, &mut old as *mut _ as usize, 8];
+            vm::raw(libc::SYS_rt_sigaction, a)
+        };
+        // The handler comes first: 0 is SIG_DFL, 1 SIG_IGN.
+        if r == 0 && old.0[0] > 1 {
             out.push(sig);
         }
     }

@@ -3,10 +3,10 @@
 //! us (cgroup v2 writable, kernel 5.14+ for `cgroup.kill`), every rank is born
 //! in a cgroup of its own job (`born.rs`), or joins it between fork and exec,
 //! before anything else runs in it, so whatever it starts (DataLoader
-//! workers, `setsid` daemons) is in it too. A small watchdog (a clone that
-//! shares our memory and makes raw syscalls only, or on other architectures
-//! this binary's `__watchdog DIR`; outside the cgroup, its signals blocked)
-//! waits on a pipe from us; when the pipe closes, because we ended normally
+//! workers, `setsid` daemons) is in it too. A small watchdog (a fork of ours
+//! that makes raw syscalls only, no exec; on other architectures this
+//! binary's `__watchdog DIR`; outside the cgroup, its signals blocked) waits
+//! on a pipe from us; when the pipe closes, because we ended normally
 //! or were killed, it kills the cgroup as a whole and removes it. Elsewhere the process groups, PR_SET_PDEATHSIG and the
 //! child subreaper are what contains the ranks (the ranks die with us, but
 //! their own children may not).
@@ -191,27 +191,26 @@ impl Drop for JobCgroup {
 /// The process that kills the job's cgroup once our end of its pipe closes
 /// (we ended, or were killed).
 enum Watchdog {
-    /// A child sharing our memory (`vm`): no exec, no copy of us. It holds
-    /// only the pipe's read end; our write end closes with us.
-    Shared { pid: i32, _pipe: OwnedFd },
-    /// This binary's `__watchdog DIR`, where the build cannot clone so.
+    /// A fork of ours that runs `watch_main` (no exec): a process of its own,
+    /// with its own memory, so it outlives a SIGKILL, a crash or the OOM
+    /// killer's choice of us (which takes every process sharing our memory,
+    /// and so would a clone with CLONE_VM, cheaper as it is). It holds only the pipe's read end; our write end closes with us.
+    Forked { pid: i32, _pipe: OwnedFd },
+    /// This binary's `__watchdog DIR`, where the build cannot fork so.
     Exec(Child),
 }
 
-/// What the shared watchdog reads: made before its clone and never freed
-/// (it may outlive us; 16 KiB of stack and two paths per job).
+/// What the forked watchdog reads (its own copy).
 struct WatchArgs {
     pipe: RawFd,
     kill: CString,
     dir: CString,
 }
 
-const WATCH_STACK: usize = 16 << 10;
-
 impl Watchdog {
     fn start(dir: &Path) -> Result<Watchdog, String> {
         if vm::SUPPORTED
-            && let Ok(w) = Watchdog::shared(dir)
+            && let Ok(w) = Watchdog::forked(dir)
         {
             return Ok(w);
         }
@@ -228,7 +227,7 @@ impl Watchdog {
             .map_err(|e| format!("cannot start the watchdog: {e}"))
     }
 
-    fn shared(dir: &Path) -> std::io::Result<Watchdog> {
+    fn forked(dir: &Path) -> std::io::Result<Watchdog> {
         let path = |p: &Path| {
             CString::new(p.as_os_str().as_bytes())
                 .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
@@ -240,34 +239,56 @@ impl Watchdog {
         }
         // SAFETY: both were just opened for us.
         let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        let args = Box::new(WatchArgs {
+        let args = WatchArgs {
             pipe: read.as_raw_fd(),
             kill: path(&dir.join("cgroup.kill"))?,
             dir: path(dir)?,
-        });
-        let stack = vm::Stack::new(WATCH_STACK)?;
-        let arg = &*args as *const WatchArgs as *mut libc::c_void;
-        // SAFETY: watch_main makes raw syscalls only, on `args` and its
-        // stack, which are leaked below once it runs.
-        let pid = unsafe { vm::spawn(libc::CLONE_VM as u64, None, &stack, watch_main, arg)? };
-        std::mem::forget(stack);
-        Box::leak(args);
+        };
+        let cargs = vm::CloneArgs {
+            exit_signal: libc::SIGCHLD as u64,
+            ..Default::default()
+        };
+        // SAFETY: a fork: the child has its own copy of everything and runs
+        // watch_main (raw syscalls only) with every signal blocked.
+        let pid = unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+            let pid = libc::syscall(
+                libc::SYS_clone3,
+                &cargs as *const vm::CloneArgs,
+                std::mem::size_of::<vm::CloneArgs>(),
+            );
+            if pid == 0 {
+                watch_main(&args as *const WatchArgs as *mut libc::c_void);
+            }
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            pid
+        };
+        if pid < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
         drop(read);
-        Ok(Watchdog::Shared { pid, _pipe: write })
+        Ok(Watchdog::Forked {
+            pid: pid as i32,
+            _pipe: write,
+        })
     }
 
     fn pid(&self) -> i32 {
         match self {
-            Watchdog::Shared { pid, .. } => *pid,
+            Watchdog::Forked { pid, .. } => *pid,
             Watchdog::Exec(c) => c.id() as i32,
         }
     }
 }
 
-/// The shared watchdog: in its own process group, every signal blocked,
+/// The forked watchdog: in its own process group, every signal blocked,
 /// every descriptor closed but its pipe; when the pipe says EOF, kill the
 /// cgroup and remove it (retrying while it empties). Raw syscalls only: it
-/// shares our memory and must not touch our errno or heap.
+/// is forked from a process that may have other threads (whose locks, the
+/// allocator's among them, it must not touch).
 extern "C" fn watch_main(arg: *mut libc::c_void) -> ! {
     use libc::{
         AT_FDCWD, AT_REMOVEDIR, EINTR, ENOENT, O_CLOEXEC, O_WRONLY, SYS_close, SYS_close_range,

@@ -252,7 +252,7 @@ pub(crate) fn check_placements(launches: &[RankLaunch]) -> Result<(), LaunchErro
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
     let helper = std::thread::spawn(move || {
         // SAFETY: plain query.
-        let _ = tid_tx.send(unsafe { libc::gettid() });
+        let _ = tid_tx.send(unsafe { libc::syscall(libc::SYS_gettid) } as libc::pid_t);
         let _ = go_rx.recv();
         mems.iter().find_map(|(i, (mode, nodes))| {
             os::set_mempolicy_raw(*mode, nodes)

@@ -515,13 +515,26 @@ fn settled(marker: &str) -> usize {
 
 #[test]
 fn ranks_die_with_a_sigkilled_threadwise() {
+    ranks_die_with_threadwise_ended_by(libc::SIGKILL);
+}
+
+/// A crash (SIGABRT, SIGTRAP: signals that dump core) ends the job just as
+/// well: the watchdog is a process of its own (with its own memory, which
+/// the OOM killer would not take with threadwise's either).
+#[test]
+fn ranks_die_with_a_crashed_threadwise() {
+    ranks_die_with_threadwise_ended_by(libc::SIGABRT);
+    ranks_die_with_threadwise_ended_by(libc::SIGTRAP);
+}
+
+fn ranks_die_with_threadwise_ended_by(signal: i32) {
     // The ranks and, where a job cgroup can be made, their children too.
     let dry = threadwise()
         .args(["run", "-n", "2", "--dry-run", "--", "true"])
         .output()
         .unwrap();
     let cgroup = text(&dry.stdout).contains("containment: a cgroup v2 per job");
-    let marker = "tw-orphan-9921";
+    let marker = &format!("tw-orphan-99{signal}");
     let script = if cgroup {
         // A background child and a setsid one, each a shell that keeps the marker.
         format!(
@@ -539,7 +552,8 @@ fn ranks_die_with_a_sigkilled_threadwise() {
         || settled(marker) >= want,
     );
     let before = settled(marker);
-    child.kill().unwrap();
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, signal) };
     child.wait().unwrap();
     assert!(before >= 2, "the ranks were running: {before}");
     if cgroup {
