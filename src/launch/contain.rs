@@ -6,10 +6,10 @@
 //! workers, `setsid` daemons) is in it too. A small watchdog (a fork of ours
 //! that makes raw syscalls only, no exec; on other architectures this
 //! binary's `__watchdog DIR`; outside the cgroup, its signals blocked) waits
-//! on a pipe from us; when the pipe closes, because we ended normally
-//! or were killed, it kills the cgroup as a whole and removes it. Elsewhere the process groups, PR_SET_PDEATHSIG and the
-//! child subreaper are what contains the ranks (the ranks die with us, but
-//! their own children may not).
+//! on a pipe from us; when the pipe closes, because we ended normally or
+//! were killed, it kills the cgroup as a whole and removes it. Elsewhere the
+//! process groups, PR_SET_PDEATHSIG and the child subreaper are what contains
+//! the ranks (the ranks die with us, but their own children may not).
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
@@ -194,7 +194,8 @@ enum Watchdog {
     /// A fork of ours that runs `watch_main` (no exec): a process of its own,
     /// with its own memory, so it outlives a SIGKILL, a crash or the OOM
     /// killer's choice of us (which takes every process sharing our memory,
-    /// and so would a clone with CLONE_VM, cheaper as it is). It holds only the pipe's read end; our write end closes with us.
+    /// and so would a clone with CLONE_VM, cheaper as it is). It holds only
+    /// the pipe's read end; our write end closes with us.
     Forked { pid: i32, _pipe: OwnedFd },
     /// This binary's `__watchdog DIR`, where the build cannot fork so.
     Exec(Child),
@@ -294,7 +295,7 @@ extern "C" fn watch_main(arg: *mut libc::c_void) -> ! {
         AT_FDCWD, AT_REMOVEDIR, EINTR, ENOENT, O_CLOEXEC, O_WRONLY, SYS_close, SYS_close_range,
         SYS_exit, SYS_nanosleep, SYS_openat, SYS_read, SYS_setpgid, SYS_unlinkat, SYS_write,
     };
-    // SAFETY: `arg` is the leaked WatchArgs; each call is a plain syscall on
+    // SAFETY: `arg` is this process's own copy of WatchArgs; each call is a plain syscall on
     // it, on this stack or on static bytes.
     unsafe {
         let w = &*(arg as *const WatchArgs);
