@@ -19,12 +19,11 @@ use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::RankLaunch;
-use super::vm::{self, CLONE_INTO_CGROUP, CloneArgs, Stack};
+use super::vm::{self, Stack, cstr, pipe};
 
 /// Why a birth in place did not happen.
 #[derive(Debug)]
@@ -54,15 +53,6 @@ fn refused(e: &std::io::Error) -> bool {
     )
 }
 
-fn cstr(s: &OsStr) -> std::io::Result<CString> {
-    CString::new(s.as_bytes()).map_err(|_| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("{} holds a NUL byte", s.to_string_lossy()),
-        )
-    })
-}
-
 /// The environment `Command` would give: ours, less `remove`, with `set`.
 fn environment(remove: &[String], set: &BTreeMap<String, String>) -> std::io::Result<Vec<CString>> {
     let mut env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
@@ -82,45 +72,13 @@ fn environment(remove: &[String], set: &BTreeMap<String, String>) -> std::io::Re
         .collect()
 }
 
-fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 fills two descriptors we then own.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: both were just opened for us.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
-fn clone3_into(cgroup: RawFd) -> std::io::Result<i32> {
-    let args = CloneArgs {
-        flags: CLONE_INTO_CGROUP,
-        exit_signal: libc::SIGCHLD as u64,
-        cgroup: cgroup as u64,
-        ..Default::default()
-    };
-    // SAFETY: clone3 without CLONE_VM is fork with arguments: the child gets
-    // a copy of this address space and runs only syscalls before exec/_exit.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &args as *const CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
-    if pid < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(pid as i32)
-}
-
 /// Can ranks be born in the cgroup whose directory is `cgroup`? A child
 /// that exits at once, reaped here (for the dry run, before any rank).
 pub(crate) fn probe(cgroup: RawFd) -> Result<(), std::io::Error> {
     if !vm::SUPPORTED {
         return Err(std::io::Error::from_raw_os_error(libc::ENOSYS));
     }
-    match clone3_into(cgroup)? {
+    match vm::fork(Some(cgroup))? {
         0 => {
             // SAFETY: the child leaves at once without running destructors.
             unsafe { libc::_exit(0) }

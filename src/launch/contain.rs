@@ -14,8 +14,7 @@
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -229,52 +228,19 @@ impl Watchdog {
     }
 
     fn forked(dir: &Path) -> std::io::Result<Watchdog> {
-        let path = |p: &Path| {
-            CString::new(p.as_os_str().as_bytes())
-                .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
-        };
-        let mut fds = [0; 2];
-        // SAFETY: pipe2 fills two descriptors we then own.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: both were just opened for us.
-        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (read, write) = vm::pipe()?;
         let args = WatchArgs {
             pipe: read.as_raw_fd(),
-            kill: path(&dir.join("cgroup.kill"))?,
-            dir: path(dir)?,
+            kill: vm::cstr(dir.join("cgroup.kill").as_os_str())?,
+            dir: vm::cstr(dir.as_os_str())?,
         };
-        let cargs = vm::CloneArgs {
-            exit_signal: libc::SIGCHLD as u64,
-            ..Default::default()
-        };
-        // SAFETY: a fork: the child has its own copy of everything and runs
-        // watch_main (raw syscalls only) with every signal blocked.
-        let pid = unsafe {
-            let mut all: libc::sigset_t = std::mem::zeroed();
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut all);
-            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-            let pid = libc::syscall(
-                libc::SYS_clone3,
-                &cargs as *const vm::CloneArgs,
-                std::mem::size_of::<vm::CloneArgs>(),
-            );
-            if pid == 0 {
-                watch_main(&args as *const WatchArgs as *mut libc::c_void);
-            }
-            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-            pid
-        };
-        if pid < 0 {
-            return Err(std::io::Error::last_os_error());
+        let pid = vm::fork(None)?;
+        if pid == 0 {
+            // The child: its own copy of `args`; raw syscalls only.
+            watch_main(&args as *const WatchArgs as *mut libc::c_void);
         }
         drop(read);
-        Ok(Watchdog::Forked {
-            pid: pid as i32,
-            _pipe: write,
-        })
+        Ok(Watchdog::Forked { pid, _pipe: write })
     }
 
     fn pid(&self) -> i32 {

@@ -347,7 +347,10 @@ fn spawn_all(
     cgroup: Option<&JobCgroup>,
 ) -> Result<Vec<(RankChild, Logs)>, LaunchError> {
     let parent = std::process::id() as i32;
-    let handled = super::born::handled_signals();
+    let handled = match super::born::allowed() {
+        true => super::born::handled_signals(),
+        false => vec![],
+    };
     // Every rank cloned first, then each one's exec waited for: the waits
     // overlap instead of adding up.
     let mut starting: Vec<(Starting, Logs)> = vec![];

@@ -103,19 +103,79 @@ pub(crate) unsafe fn spawn(
         cgroup: cgroup.unwrap_or(0) as u64,
         ..Default::default()
     };
-    // SAFETY: masks are plain values; the rest is the caller's promise.
+    // SAFETY: the caller's promise.
+    let ret = blocked(|| unsafe { clone3_vm(&args, f, arg) });
+    if ret < 0 {
+        return Err(std::io::Error::from_raw_os_error(-ret as i32));
+    }
+    Ok(ret as i32)
+}
+
+/// `f` with every signal blocked in this thread, so that a child cloned in
+/// it starts with none of our handlers able to run.
+fn blocked<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: masks are plain values.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let ret = clone3_vm(&args, f, arg);
+        let r = f();
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        if ret < 0 {
-            return Err(std::io::Error::from_raw_os_error(-ret as i32));
-        }
-        Ok(ret as i32)
+        r
     }
+}
+
+/// A fork through clone3 (into `cgroup` with CLONE_INTO_CGROUP, if given),
+/// every signal blocked in the child: Ok(0) in the child, which has its own
+/// copy of our memory and, our threads' locks being copied as they stood,
+/// must make raw syscalls only before exec or exit.
+pub(crate) fn fork(cgroup: Option<RawFd>) -> std::io::Result<i32> {
+    let args = CloneArgs {
+        flags: if cgroup.is_some() {
+            CLONE_INTO_CGROUP
+        } else {
+            0
+        },
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: cgroup.unwrap_or(0) as u64,
+        ..Default::default()
+    };
+    // SAFETY: clone3 without CLONE_VM is fork with arguments.
+    let pid = blocked(|| unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    });
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(pid as i32)
+}
+
+/// A close-on-exec pipe: (read end, write end).
+pub(crate) fn pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two descriptors we then own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both were just opened for us.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// `s` as a C string; a NUL byte in it is an error that names it.
+pub(crate) fn cstr(s: &std::ffi::OsStr) -> std::io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(s.as_bytes()).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} holds a NUL byte", s.to_string_lossy()),
+        )
+    })
 }
 
 /// clone3 whose child starts on `args`' stack and calls `f(arg)`, which

@@ -36,8 +36,13 @@ pub(crate) fn read_bounded(path: &Path, max: u64) -> Result<String, ReadError> {
     if !f.metadata()?.is_file() {
         return Err(ReadError::NotRegular);
     }
-    let mut buf = Vec::new();
-    // sysfs files report size 4096 whatever they hold: limit what is read.
+    read_text(f, max)
+}
+
+/// The rest of `f` as text, at most `max` bytes (sysfs files report size
+/// 4096 whatever they hold: the limit is on what is read).
+fn read_text(f: std::fs::File, max: u64) -> Result<String, ReadError> {
+    let mut buf = Vec::with_capacity(4096);
     f.take(max + 1).read_to_end(&mut buf)?;
     if buf.len() as u64 > max {
         return Err(ReadError::TooLarge(max));
@@ -69,12 +74,7 @@ pub(crate) fn read_kernel_file(path: &Path, max: u64) -> Result<String, ReadErro
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)?;
-    let mut buf = Vec::with_capacity(4096);
-    f.take(max + 1).read_to_end(&mut buf)?;
-    if buf.len() as u64 > max {
-        return Err(ReadError::TooLarge(max));
-    }
-    String::from_utf8(buf).map_err(|_| ReadError::NotText)
+    read_text(f, max)
 }
 
 /// `MemTotal` in bytes from `/proc/meminfo` ("MemTotal: 123 kB") or a node's
