@@ -1,18 +1,18 @@
-//! Starting a rank the cheapest way the kernel offers: `clone3` with
-//! `CLONE_VM` (`vm.rs`), so no copy of the supervisor is made (a fork of
-//! it cost 0.3-0.7 ms per rank, and more in the copy-on-write faults that
-//! followed), and where there is a job cgroup `CLONE_INTO_CGROUP` (Linux
-//! 5.7+, cgroup v2), so no process ever migrates into it (a migration
-//! through `cgroup.procs` waits for the kernel's RCU grace period: 19.6 ms
-//! of a 22-30 ms launch right after a torchrun run). The child does what
-//! `std::process::Command` would with our options (stdin from /dev/null,
-//! stdout and stderr to pipes, its own process group, an empty signal mask,
-//! SIGPIPE and our handled signals back to default), asks to die with us,
-//! takes its placement and execs; an exec that fails sends its errno back
-//! through a close-on-exec pipe. Everything it needs is prepared before the
-//! clone: between clone and exec it makes raw syscalls only (it shares our
-//! memory, so it must not write our errno or heap), and we go on cloning the
-//! next rank meanwhile. Where the kernel refuses, the caller falls back to
+//! Starting a rank as cheaply as a fork can: `clone3` with fork semantics
+//! (`vm.rs`; no `CLONE_VM`, no inline assembly), and where there is a job
+//! cgroup `CLONE_INTO_CGROUP` (Linux 5.7+, cgroup v2), so no process ever
+//! migrates into it (a migration through `cgroup.procs` waits for the
+//! kernel's RCU grace period: 19.6 ms of a 22-30 ms launch right after a
+//! torchrun run). The child does what `std::process::Command` would with our
+//! options (stdin from /dev/null, stdout and stderr to pipes, its own
+//! process group, an empty signal mask, SIGPIPE and our handled signals back
+//! to default), asks to die with us, takes its placement and execs, as
+//! `execvp` does (a file the kernel will not exec, a script without `#!`,
+//! runs under /bin/sh); an exec that fails sends its errno back through a
+//! close-on-exec pipe. Everything it needs is prepared before the clone:
+//! between clone and exec it makes raw syscalls only (our other threads'
+//! locks were copied as they stood), and we go on cloning the next rank
+//! meanwhile. Where the kernel refuses clone3, the caller falls back to
 //! `std::process::Command` (and `cgroup.procs`).
 
 use std::collections::BTreeMap;
@@ -23,14 +23,14 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::RankLaunch;
-use super::vm::{self, Stack, cstr, pipe};
+use super::vm::{self, cstr, pipe};
 
 /// Why a birth in place did not happen.
 #[derive(Debug)]
 pub(crate) enum BirthError {
     /// The kernel (or a seccomp filter) refuses clone3 or the flag: use the
     /// fork-then-join path for this job.
-    Refused,
+    Refused(std::io::Error),
     /// The rank could not start (an exec or placement error, a pipe).
     Failed(std::io::Error),
 }
@@ -75,9 +75,6 @@ fn environment(remove: &[String], set: &BTreeMap<String, String>) -> std::io::Re
 /// Can ranks be born in the cgroup whose directory is `cgroup`? A child
 /// that exits at once, reaped here (for the dry run, before any rank).
 pub(crate) fn probe(cgroup: RawFd) -> Result<(), std::io::Error> {
-    if !vm::SUPPORTED {
-        return Err(std::io::Error::from_raw_os_error(libc::ENOSYS));
-    }
     match vm::fork(Some(cgroup))? {
         0 => {
             // SAFETY: the child leaves at once without running destructors.
@@ -98,17 +95,20 @@ static REFUSED: AtomicBool = AtomicBool::new(false);
 
 /// May ranks still be born here (clone3 not refused so far)?
 pub(crate) fn allowed() -> bool {
-    vm::SUPPORTED && !REFUSED.load(Ordering::Relaxed)
+    !REFUSED.load(Ordering::Relaxed)
 }
 
-/// What the child reads, all of it prepared before the clone and kept
-/// (in `Pending`) until it has exec'd or exited.
+/// What the child reads, all of it prepared before the clone (the child
+/// has its own copy).
 struct Child {
     path: CString,
     _argv: Vec<CString>,
     _envp: Vec<CString>,
     argv_p: Vec<*const libc::c_char>,
     envp_p: Vec<*const libc::c_char>,
+    /// `/bin/sh PATH ARGS...`, for a file the kernel will not exec
+    /// (ENOEXEC: a script without `#!`), as execvp does.
+    sh_argv_p: Vec<*const libc::c_char>,
     /// stdin, stdout, stderr, and the status pipe's write end.
     fds: [RawFd; 4],
     parent: i32,
@@ -119,51 +119,21 @@ struct Child {
     handled: Vec<i32>,
 }
 
-// SAFETY: the raw pointers point into the CStrings the struct owns.
-unsafe impl Send for Child {}
+/// The shell a file without `#!` runs under.
+const SH: &std::ffi::CStr = c"/bin/sh";
 
-const STACK_BYTES: usize = 64 << 10;
-
-/// The signals with a handler of ours (glibc's own among them, which its
-/// sigaction will not show), and SIGPIPE (which we ignore and a rank must
-/// not: `Command` restores it the same way), as the kernel has them.
-pub(crate) fn handled_signals() -> Vec<i32> {
-    let mut out = vec![libc::SIGPIPE];
-    for sig in 1..=64 {
-        if matches!(sig, libc::SIGKILL | libc::SIGSTOP | libc::SIGPIPE) {
-            continue;
-        }
-        let mut old = KernelSigaction([0; 4]);
-        // SAFETY: a query into `old`, the kernel's layout and size.
-        let r = unsafe {
-            let a = [sig as usize, 0, &mut old as *mut _ as usize, 8];
-            vm::raw(libc::SYS_rt_sigaction, a)
-        };
-        // The handler comes first: 0 is SIG_DFL, 1 SIG_IGN.
-        if r == 0 && old.0[0] > 1 {
-            out.push(sig);
-        }
-    }
-    out
-}
-
-/// The kernel's `struct sigaction` all zero: SIG_DFL, no flags, no mask.
-#[repr(C)]
-struct KernelSigaction([u64; 4]);
-
-/// The child: on its own stack in our memory, running beside us until its
-/// exec (CLONE_VM without CLONE_VFORK, so births overlap). Raw syscalls
-/// only, on what `Child` holds: it must not write our errno or heap.
-extern "C" fn child_main(arg: *mut libc::c_void) -> ! {
+/// The child, forked with every signal blocked: raw syscalls only, on its
+/// own copy of what `Child` holds (our other threads' locks, the
+/// allocator's among them, were copied as they stood).
+fn child_main(c: &Child) -> ! {
     use libc::{
         F_SETFD, PR_SET_PDEATHSIG, SIG_SETMASK, SIGKILL, SYS_dup3, SYS_execve, SYS_exit_group,
-        SYS_fcntl, SYS_getppid, SYS_prctl, SYS_rt_sigaction, SYS_rt_sigprocmask,
-        SYS_sched_setaffinity, SYS_set_mempolicy, SYS_setpgid, SYS_write,
+        SYS_fcntl, SYS_getppid, SYS_prctl, SYS_rt_sigprocmask, SYS_sched_setaffinity,
+        SYS_set_mempolicy, SYS_setpgid, SYS_write,
     };
-    // SAFETY: `arg` is the `Child` the parent keeps until we exec or exit;
-    // every call is a raw syscall on it, on this stack or on static bytes.
+    // SAFETY: every call is a raw syscall on the child's own copy of `c`,
+    // on this stack or on static bytes.
     unsafe {
-        let c = &*(arg as *const Child);
         let status = c.fds[3] as usize;
         let fail = |errno: isize| -> ! {
             let b = (errno as i32).to_ne_bytes();
@@ -177,13 +147,7 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> ! {
                 fail(-r)
             }
         };
-        let dfl = KernelSigaction([0; 4]);
-        for sig in &c.handled {
-            vm::raw(
-                SYS_rt_sigaction,
-                [*sig as usize, &dfl as *const _ as usize, 0, 8],
-            );
-        }
+        vm::default_handlers(&c.handled);
         for (to, from) in c.fds[..3].iter().enumerate() {
             if *from as usize == to {
                 // Already in place: only its close-on-exec flag to clear.
@@ -223,7 +187,18 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> ! {
             c.envp_p.as_ptr() as usize,
             0,
         ];
-        fail(-vm::raw(SYS_execve, exec))
+        let r = vm::raw(SYS_execve, exec);
+        if r == -(libc::ENOEXEC as isize) {
+            // No format the kernel knows: a shell script without `#!`.
+            let sh = [
+                SH.as_ptr() as usize,
+                c.sh_argv_p.as_ptr() as usize,
+                c.envp_p.as_ptr() as usize,
+                0,
+            ];
+            vm::raw(SYS_execve, sh);
+        }
+        fail(-r)
     }
 }
 
@@ -233,8 +208,6 @@ pub(crate) struct Pending {
     /// The read ends of its stdout and stderr (taken by `born`).
     pipes: Option<(File, File)>,
     status: File,
-    /// The child's stack and what it reads, freed once it has exec'd or exited.
-    running: Option<(Stack, Box<Child>)>,
 }
 
 impl std::fmt::Debug for Pending {
@@ -274,32 +247,18 @@ impl Pending {
             let mut st = 0;
             // SAFETY: our own child, which has exited or is about to.
             unsafe { libc::waitpid(self.pid, &mut st, 0) };
-            self.running = None;
             return Err(std::io::Error::from_raw_os_error(errno));
         }
-        // EOF: the close-on-exec pipe closed after the exec replaced the
-        // child's memory, or the child is dead; its stack is ours again.
-        self.running = None;
+        // EOF: the close-on-exec pipe closed at the exec, or the child is dead.
         self.pipes
             .take()
             .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EBADF))
     }
 }
 
-impl Drop for Pending {
-    fn drop(&mut self) {
-        // Never free what a child still runs on (a launch given up on kills
-        // its children first, so this does not wait long).
-        if self.running.is_some() {
-            self.wait_status();
-        }
-    }
-}
-
-/// Clone `r` (into the cgroup whose directory is `cgroup`, if any), with
-/// `parent` as the process it dies with. The clone shares our memory and
-/// returns at once; `Pending::born` waits for its exec, so that several
-/// ranks' births overlap.
+/// Fork `r` (into the cgroup whose directory is `cgroup`, if any), with
+/// `parent` as the process it dies with. The fork returns at once;
+/// `Pending::born` waits for its exec, so that several ranks' births overlap.
 /// `handled`: `handled_signals()`, asked once for several births.
 pub(crate) fn start(
     r: &RankLaunch,
@@ -327,14 +286,19 @@ pub(crate) fn start(
         p.push(std::ptr::null());
         p
     };
+    // execvp's fall-back: `/bin/sh PATH ARGS...` (argv[0] is dropped).
+    let mut sh_argv_p = vec![SH.as_ptr(), path.as_ptr()];
+    sh_argv_p.extend(argv.iter().skip(1).map(|a| a.as_ptr()));
+    sh_argv_p.push(std::ptr::null());
     let null = File::open("/dev/null").map_err(failed)?;
     let (out_r, out_w) = pipe().map_err(failed)?;
     let (err_r, err_w) = pipe().map_err(failed)?;
     let (status_r, status_w) = pipe().map_err(failed)?;
-    let child = Box::new(Child {
+    let child = Child {
         path,
         argv_p: pointers(&argv),
         envp_p: pointers(&envp),
+        sh_argv_p,
         _argv: argv,
         _envp: envp,
         fds: [
@@ -347,18 +311,15 @@ pub(crate) fn start(
         cpus: r.placement.cpus.clone(),
         mem: r.placement.mem.clone(),
         handled: handled.to_vec(),
-    });
-    let stack = Stack::new(STACK_BYTES).map_err(failed)?;
-    let arg = &*child as *const Child as *mut libc::c_void;
-    // SAFETY: child_main makes raw syscalls only, on `child` and its stack,
-    // which `Pending` keeps until the child has exec'd or exited.
-    let pid = match unsafe { vm::spawn(libc::CLONE_VM as u64, cgroup, &stack, child_main, arg) } {
+    };
+    let pid = match vm::fork(cgroup) {
+        Ok(0) => child_main(&child),
         Ok(p) => p,
         Err(e) if refused(&e) => {
             if cgroup.is_none() {
                 REFUSED.store(true, Ordering::Relaxed);
             }
-            return Err(BirthError::Refused);
+            return Err(BirthError::Refused(e));
         }
         Err(e) => return Err(failed(e)),
     };
@@ -370,7 +331,6 @@ pub(crate) fn start(
         pid,
         pipes: Some((File::from(out_r), File::from(err_r))),
         status: File::from(status_r),
-        running: Some((stack, child)),
     })
 }
 
@@ -411,7 +371,7 @@ mod tests {
         }
         let cpu = crate::os::get_affinity().unwrap().first().unwrap();
         let words = crate::os::mask_words(&std::iter::once(cpu).collect());
-        let handled = handled_signals();
+        let handled = vm::handled_signals();
         // Something of ours the child must not keep: our SIGPIPE is ignored.
         assert!(handled.contains(&libc::SIGPIPE));
         let script = "grep -E '^(SigBlk|SigIgn|SigCgt|Cpus_allowed_list)' /proc/self/status; \
@@ -444,7 +404,7 @@ mod tests {
         if !allowed() {
             return;
         }
-        let handled = handled_signals();
+        let handled = vm::handled_signals();
         let errno = |r: &RankLaunch| {
             let p = start(r, me(), None, &handled).unwrap();
             p.born().unwrap_err().raw_os_error()

@@ -3,9 +3,10 @@
 //! us (cgroup v2 writable, kernel 5.14+ for `cgroup.kill`), every rank is born
 //! in a cgroup of its own job (`born.rs`), or joins it between fork and exec,
 //! before anything else runs in it, so whatever it starts (DataLoader
-//! workers, `setsid` daemons) is in it too. A small watchdog (a fork of ours
-//! that makes raw syscalls only, no exec; on other architectures this
-//! binary's `__watchdog DIR`; outside the cgroup, its signals blocked) waits
+//! workers, `setsid` daemons) is in it too; where neither is allowed, a line
+//! says so. A small watchdog (a fork of ours that makes raw syscalls only, no
+//! exec, outside the cgroup, every signal blocked and none with a handler of
+//! ours; this binary's `__watchdog DIR` where no such fork can be made) waits
 //! on a pipe from us; when the pipe closes, because we ended normally or
 //! were killed, it kills the cgroup as a whole and removes it. Elsewhere the
 //! process groups, PR_SET_PDEATHSIG and the child subreaper are what contains
@@ -18,7 +19,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::vm;
@@ -33,8 +34,9 @@ pub(crate) struct JobCgroup {
     dir: PathBuf,
     dir_fd: File,
     procs: File,
-    /// Ranks can be born in it (until the kernel says otherwise).
-    births: AtomicBool,
+    /// How ranks get into it: `BORN` until the kernel refuses a birth,
+    /// then `JOINS` if a process can be moved into it, else `NONE`.
+    entry: AtomicU8,
     watchdog: Option<Watchdog>,
 }
 
@@ -88,6 +90,40 @@ fn own_cgroup() -> Result<PathBuf, String> {
 
 static JOBS: AtomicUsize = AtomicUsize::new(0);
 
+const BORN: u8 = 0;
+const JOINS: u8 = 1;
+const NONE: u8 = 2;
+
+/// Can a process be moved into the cgroup whose `cgroup.procs` is `procs`?
+/// A child of ours tries (raw syscalls only) and exits with the errno.
+fn join_probe(procs: RawFd) -> std::io::Result<()> {
+    match vm::fork(None)? {
+        0 => {
+            // SAFETY: raw syscalls in the forked child, on static bytes.
+            unsafe {
+                let r = vm::raw(
+                    libc::SYS_write,
+                    [procs as usize, b"0".as_ptr() as usize, 1, 0],
+                );
+                let code = if r < 0 { -r as usize } else { 0 };
+                loop {
+                    vm::raw(libc::SYS_exit_group, [code, 0, 0, 0]);
+                }
+            }
+        }
+        pid => {
+            let mut st = 0;
+            // SAFETY: our own child.
+            unsafe { libc::waitpid(pid, &mut st, 0) };
+            match libc::WIFEXITED(st).then(|| libc::WEXITSTATUS(st)) {
+                Some(0) => Ok(()),
+                Some(errno) => Err(std::io::Error::from_raw_os_error(errno)),
+                None => Err(std::io::Error::other("the probe child died")),
+            }
+        }
+    }
+}
+
 impl JobCgroup {
     /// Create the job cgroup and start its watchdog, or say why not.
     pub(crate) fn create() -> Result<JobCgroup, String> {
@@ -116,7 +152,7 @@ impl JobCgroup {
             dir,
             dir_fd,
             procs,
-            births: AtomicBool::new(true),
+            entry: AtomicU8::new(BORN),
             watchdog: Some(watchdog),
         })
     }
@@ -128,39 +164,61 @@ impl JobCgroup {
             let d = p.join(format!("threadwise-probe-{}", std::process::id()));
             std::fs::create_dir(&d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
             let kill = d.join("cgroup.kill").exists();
-            // A child born in the probe cgroup that exits at once.
+            // A child born in the probe cgroup that exits at once; else one
+            // moved into it.
             let entry = match open_dir(&d).and_then(|f| super::born::probe(f.as_raw_fd())) {
-                Ok(()) => Entry::Born,
-                Err(e) => Entry::Joins(e.to_string()),
+                Ok(()) => Ok(Entry::Born),
+                Err(born) => OpenOptions::new()
+                    .write(true)
+                    .open(d.join("cgroup.procs"))
+                    .and_then(|f| join_probe(f.as_raw_fd()))
+                    .map(|()| Entry::Joins(born.to_string()))
+                    .map_err(|e| refused_entry(&p, &born, &e)),
             };
             let _ = std::fs::remove_dir(&d);
-            if kill {
-                Ok((p.join("threadwise-PID-N"), entry))
-            } else {
-                Err("the kernel has no cgroup.kill (Linux 5.14+)".to_string())
+            if !kill {
+                return Err("the kernel has no cgroup.kill (Linux 5.14+)".to_string());
             }
+            Ok((p.join("threadwise-PID-N"), entry?))
         }) {
             Ok((d, entry)) => Containment::Cgroup(d, entry),
             Err(why) => Containment::Fallback(why),
         }
     }
 
-    /// The fd a child writes "0" to, between fork and exec, to join.
-    pub(crate) fn procs_fd(&self) -> i32 {
-        self.procs.as_raw_fd()
+    /// The fd a child writes "0" to, between fork and exec, to join; None
+    /// where no process can be moved into the cgroup.
+    pub(crate) fn procs_fd(&self) -> Option<i32> {
+        (self.entry.load(Ordering::Relaxed) == JOINS).then(|| self.procs.as_raw_fd())
     }
 
     /// The cgroup's directory, for ranks born in it; None once the kernel
     /// refused that for this job.
     pub(crate) fn birth_fd(&self) -> Option<i32> {
-        self.births
-            .load(Ordering::Relaxed)
-            .then(|| self.dir_fd.as_raw_fd())
+        (self.entry.load(Ordering::Relaxed) == BORN).then(|| self.dir_fd.as_raw_fd())
     }
 
-    /// The kernel refused a birth in the cgroup: the rest of the job joins.
-    pub(crate) fn no_births(&self) {
-        self.births.store(false, Ordering::Relaxed);
+    /// The kernel refused a birth in the cgroup (`why`): the rest of the
+    /// job joins it between fork and exec, where a process can be moved
+    /// into it (tried once, here); where not, the ranks run outside it, and
+    /// a line on stderr says so (never silently).
+    pub(crate) fn no_births(&self, why: &std::io::Error) {
+        if self
+            .entry
+            .compare_exchange(BORN, JOINS, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        if let Err(e) = join_probe(self.procs.as_raw_fd()) {
+            self.entry.store(NONE, Ordering::Relaxed);
+            let parent = self.dir.parent().unwrap_or(&self.dir);
+            crate::say!(
+                "threadwise: warning: {}; the ranks run outside it, contained by process groups, \
+                 PR_SET_PDEATHSIG and a child subreaper only",
+                refused_entry(parent, why, &e)
+            );
+        }
     }
 
     /// The watchdog's pid (not ours to kill as an orphan).
@@ -205,13 +263,31 @@ struct WatchArgs {
     pipe: RawFd,
     kill: CString,
     dir: CString,
+    /// Our handlers' signals, set back to the default in the watchdog.
+    handled: Vec<i32>,
+    /// One past the highest descriptor we may hold (RLIMIT_NOFILE), for
+    /// closing them one by one where close_range(2) is refused.
+    fd_limit: usize,
+}
+
+/// One past the highest descriptor this process may open (at most 2^20).
+fn fd_limit() -> usize {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a query into `rl`.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0;
+    if ok {
+        (rl.rlim_cur as usize).min(1 << 20)
+    } else {
+        1 << 20
+    }
 }
 
 impl Watchdog {
     fn start(dir: &Path) -> Result<Watchdog, String> {
-        if vm::SUPPORTED
-            && let Ok(w) = Watchdog::forked(dir)
-        {
+        if let Ok(w) = Watchdog::forked(dir) {
             return Ok(w);
         }
         let me = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -233,11 +309,14 @@ impl Watchdog {
             pipe: read.as_raw_fd(),
             kill: vm::cstr(dir.join("cgroup.kill").as_os_str())?,
             dir: vm::cstr(dir.as_os_str())?,
+            handled: vm::handled_signals(),
+            fd_limit: fd_limit(),
         };
         let pid = vm::fork(None)?;
         if pid == 0 {
-            // The child: its own copy of `args`; raw syscalls only.
-            watch_main(&args as *const WatchArgs as *mut libc::c_void);
+            // The child: its own copy of `args`, every signal blocked; raw
+            // syscalls only.
+            watch_main(&args);
         }
         drop(read);
         Ok(Watchdog::Forked { pid, _pipe: write })
@@ -251,26 +330,45 @@ impl Watchdog {
     }
 }
 
-/// The forked watchdog: in its own process group, every signal blocked,
-/// every descriptor closed but its pipe; when the pipe says EOF, kill the
-/// cgroup and remove it (retrying while it empties). Raw syscalls only: it
-/// is forked from a process that may have other threads (whose locks, the
-/// allocator's among them, it must not touch).
-extern "C" fn watch_main(arg: *mut libc::c_void) -> ! {
-    use libc::{
-        AT_FDCWD, AT_REMOVEDIR, EINTR, ENOENT, O_CLOEXEC, O_WRONLY, SYS_close, SYS_close_range,
-        SYS_exit, SYS_nanosleep, SYS_openat, SYS_read, SYS_setpgid, SYS_unlinkat, SYS_write,
-    };
-    // SAFETY: `arg` is this process's own copy of WatchArgs; each call is a plain syscall on
-    // it, on this stack or on static bytes.
+/// Every descriptor but `keep` closed: close_range(2), or where that is
+/// refused (a kernel before 5.9, a seccomp filter) one by one below `limit`.
+/// Raw syscalls only.
+fn close_all_but(keep: usize, limit: usize) {
+    use libc::{SYS_close, SYS_close_range};
+    // SAFETY: closing descriptors of this (forked) process.
     unsafe {
-        let w = &*(arg as *const WatchArgs);
-        let pipe = w.pipe as usize;
-        vm::raw(SYS_setpgid, [0, 0, 0, 0]);
-        if pipe > 0 {
-            vm::raw(SYS_close_range, [0, pipe - 1, 0, 0]);
+        let low = keep == 0 || vm::raw(SYS_close_range, [0, keep - 1, 0, 0]) == 0;
+        let high = vm::raw(SYS_close_range, [keep + 1, u32::MAX as usize, 0, 0]) == 0;
+        if !low {
+            for fd in 0..keep {
+                vm::raw(SYS_close, [fd, 0, 0, 0]);
+            }
         }
-        vm::raw(SYS_close_range, [pipe + 1, u32::MAX as usize, 0, 0]);
+        if !high {
+            for fd in keep + 1..limit.max(keep + 1) {
+                vm::raw(SYS_close, [fd, 0, 0, 0]);
+            }
+        }
+    }
+}
+
+/// The forked watchdog: in its own process group, every signal blocked and
+/// none with a handler of ours, every descriptor closed but its pipe; when
+/// the pipe says EOF, kill the cgroup and remove it (retrying while it
+/// empties). Raw syscalls only: it is forked from a process that may have
+/// other threads (whose locks, the allocator's among them, it must not touch).
+fn watch_main(w: &WatchArgs) -> ! {
+    use libc::{
+        AT_FDCWD, AT_REMOVEDIR, EINTR, ENOENT, O_CLOEXEC, O_WRONLY, SYS_close, SYS_exit,
+        SYS_nanosleep, SYS_openat, SYS_read, SYS_setpgid, SYS_unlinkat, SYS_write,
+    };
+    // SAFETY: each call is a plain syscall on this process's own copy of
+    // `w`, on this stack or on static bytes.
+    unsafe {
+        let pipe = w.pipe as usize;
+        vm::default_handlers(&w.handled);
+        vm::raw(SYS_setpgid, [0, 0, 0, 0]);
+        close_all_but(pipe, w.fd_limit);
         let mut buf = [0u8; 64];
         loop {
             let n = vm::raw(SYS_read, [pipe, buf.as_mut_ptr() as usize, buf.len(), 0]);
@@ -312,6 +410,15 @@ extern "C" fn watch_main(arg: *mut libc::c_void) -> ! {
             vm::raw(SYS_exit, [0, 0, 0, 0]);
         }
     }
+}
+
+/// Why ranks cannot get into a job cgroup under `parent`.
+fn refused_entry(parent: &Path, born: &std::io::Error, moved: &std::io::Error) -> String {
+    format!(
+        "ranks can neither be born in a job cgroup under {} ({born}) nor moved into it \
+         (cgroup.procs: {moved})",
+        parent.display()
+    )
 }
 
 /// A cgroup's directory, open for clone3's CLONE_INTO_CGROUP.

@@ -13,6 +13,7 @@ use super::{node_launches, report, supervise};
 /// What each rank would get, and the containment (`--dry-run`), on one node
 /// or as one node of many.
 pub(crate) fn dry_run(s: &RunSettings) -> Result<String, JobError> {
+    super::threads_work()?;
     if let Some(c) = &s.cluster {
         return Ok(super::cluster::rounds::dry_run(s, &c.agent));
     }
@@ -25,6 +26,7 @@ pub(crate) fn dry_run(s: &RunSettings) -> Result<String, JobError> {
 /// Run the job to its end and return its exit code: 0, the first failing
 /// rank's own (128+N for a signal), 3 when a log was lost.
 pub(crate) fn run(s: &RunSettings) -> Result<i32, JobError> {
+    super::threads_work()?;
     if let Some(c) = &s.cluster {
         return super::cluster::rounds::run(s, c);
     }

@@ -67,6 +67,19 @@ pub(crate) enum LaunchError {
         program: String,
         source: std::io::Error,
     },
+    #[error("cannot start a thread: {0}")]
+    Threads(std::io::Error),
+}
+
+/// Can this process start threads? Where a container's seccomp profile
+/// refuses clone3 with EPERM (Docker before 20.10.10), glibc 2.34+ cannot,
+/// and nothing would run: said before anything starts, not as a panic.
+pub(crate) fn threads_work() -> Result<(), LaunchError> {
+    std::thread::Builder::new()
+        .spawn(|| ())
+        .map_err(LaunchError::Threads)?
+        .join()
+        .map_err(|_| LaunchError::Threads(std::io::Error::other("a thread panicked")))
 }
 
 impl LaunchError {
@@ -76,7 +89,8 @@ impl LaunchError {
             LaunchError::Placement { .. }
             | LaunchError::LogDir { .. }
             | LaunchError::LogFile { .. }
-            | LaunchError::Port(_) => 3,
+            | LaunchError::Port(_)
+            | LaunchError::Threads(_) => 3,
             _ => 2,
         }
     }
@@ -104,6 +118,11 @@ impl LaunchError {
                 "remove what is at that name (threadwise does not write through links), or give another --log-dir"
             }
             LaunchError::Port(_) => "give --master-port",
+            LaunchError::Threads(_) => {
+                "the container's seccomp profile refuses clone3 with EPERM, where glibc 2.34+ needs \
+                 ENOSYS to fall back (Docker before 20.10.10, old runc or containerd profiles): \
+                 update the container runtime, or give the container a profile that allows clone3"
+            }
             LaunchError::Launcher(_) => {
                 "run under torchrun, srun, mpirun (Open MPI, MPICH, Intel MPI, MVAPICH) or Cray PALS, \
                  or use threadwise run"

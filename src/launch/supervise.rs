@@ -207,15 +207,15 @@ fn spawn_rank(
     if has_path && super::born::allowed() && into != Some(None) {
         match super::born::start(r, parent, into.flatten(), handled) {
             Ok(p) => return Ok(Starting::Born(p)),
-            Err(super::born::BirthError::Refused) => {
+            Err(super::born::BirthError::Refused(why)) => {
                 if let Some(cg) = cgroup {
-                    cg.no_births();
+                    cg.no_births(&why);
                 }
             }
             Err(super::born::BirthError::Failed(e)) => return Err(e),
         }
     }
-    let mut c = command_rank(r, parent, cgroup.map(JobCgroup::procs_fd))?;
+    let mut c = command_rank(r, parent, cgroup.and_then(JobCgroup::procs_fd))?;
     let file = |fd: Option<std::os::fd::OwnedFd>| fd.map(File::from);
     Ok(Starting::Started(RankChild {
         pid: c.id() as i32,
@@ -253,8 +253,11 @@ fn command_rank(
     unsafe {
         cmd.pre_exec(move || {
             // Join the job's cgroup first: moving resets the CPU affinity.
-            if let Some(fd) = cgroup_fd {
-                libc::write(fd, b"0".as_ptr().cast(), 1);
+            // A refusal fails the launch (the dry run said it would join).
+            if let Some(fd) = cgroup_fd
+                && libc::write(fd, b"0".as_ptr().cast(), 1) != 1
+            {
+                return Err(std::io::Error::last_os_error());
             }
             if !os::die_with_parent(parent) {
                 // threadwise exited during start-up.
@@ -348,7 +351,7 @@ fn spawn_all(
 ) -> Result<Vec<(RankChild, Logs)>, LaunchError> {
     let parent = std::process::id() as i32;
     let handled = match super::born::allowed() {
-        true => super::born::handled_signals(),
+        true => super::vm::handled_signals(),
         false => vec![],
     };
     // Every rank cloned first, then each one's exec waited for: the waits

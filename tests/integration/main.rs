@@ -1,6 +1,7 @@
 //! One integration-test binary: the real `threadwise` binary against real
 //! machine dumps, real cgroups and real processes.
 
+mod births;
 mod cgroups;
 mod cli;
 mod doctor;

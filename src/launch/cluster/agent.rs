@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use super::auth::{self, Auth, Side};
 use super::coord::Coordinator;
-use super::proto::{self, Hello, PROTOCOL, Report, Start, ToAgent, ToHost};
+use super::proto::{self, Dir, Hello, PROTOCOL, Report, Seal, Start, ToAgent, ToHost};
 use super::server;
 use super::state::{Action, AgentState, Event};
 use super::{ClusterError, JobEnd};
@@ -53,7 +53,9 @@ pub(crate) struct AgentConfig {
 #[derive(Debug)]
 struct Link {
     state: Mutex<AgentState>,
-    writer: Mutex<TcpStream>,
+    /// The stream and the seal of what we send (one sequence, whichever
+    /// thread sends).
+    writer: Mutex<(TcpStream, Seal)>,
     /// Starts and the end, for the main thread.
     todo: Sender<Action>,
 }
@@ -65,7 +67,8 @@ impl Link {
 
     fn send(&self, m: &ToHost) {
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = proto::send(&mut *w, m);
+        let (stream, seal) = &mut *w;
+        let _ = seal.send(stream, m);
     }
 
     /// Apply an event and carry out its actions; messages are sent in the
@@ -129,15 +132,18 @@ enum Turned {
     Away(ClusterError),
 }
 
+/// A connection through the door: the stream, the reader of what the host
+/// says next, and the seals of what we send and what we read.
+type Entered = (TcpStream, BufReader<TcpStream>, Seal, Seal);
+
 /// Connect and go through the host's door (`handshake`), trying again
-/// while the door is busy or the host not there yet, until the join timeout;
-/// the stream, and the reader of what the host says next.
+/// while the door is busy or the host not there yet, until the join timeout.
 fn enter(
     addrs: &[SocketAddr],
     cfg: &AgentConfig,
     hosting: bool,
     pipe: &SignalPipe,
-) -> Result<(TcpStream, BufReader<TcpStream>), ClusterError> {
+) -> Result<Entered, ClusterError> {
     let t0 = Instant::now();
     let mut last = String::new();
     loop {
@@ -152,7 +158,7 @@ fn enter(
             let _ = s.set_nodelay(true);
             let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
             match handshake(&s, cfg, hosting) {
-                Ok(r) => return Ok((s, r)),
+                Ok((r, send, recv)) => return Ok((s, r, send, recv)),
                 Err(Turned::Away(e)) => return Err(e),
                 Err(Turned::Again(why)) => last = why,
             }
@@ -172,16 +178,19 @@ fn enter(
 
 /// Say hello; where the job authenticates, check the host's proof of our
 /// nonce (so a host without the job's secret or MUNGE is found out before
-/// we say more) and prove ourselves; then the host's Welcome.
+/// we say more) and prove ourselves; then the host's Welcome, sealed under
+/// the session key (so a host that relayed someone else's proof is found
+/// out too). The reader, and the seals of what we send and read.
 fn handshake(
     s: &TcpStream,
     cfg: &AgentConfig,
     hosting: bool,
-) -> Result<BufReader<TcpStream>, Turned> {
+) -> Result<(BufReader<TcpStream>, Seal, Seal), Turned> {
     let io = |e: std::io::Error| Turned::Again(e.to_string());
     let mut w = s.try_clone().map_err(io)?;
     let mut r = BufReader::new(s.try_clone().map_err(io)?);
-    let mine = auth::nonce();
+    let mine = auth::nonce()
+        .map_err(|e| Turned::Away(ClusterError::Io(format!("no nonce for this node: {e}"))))?;
     let hello = Hello {
         host: cfg.host.clone(),
         nproc: cfg.nproc,
@@ -209,10 +218,14 @@ fn handshake(
         )))
     };
     let mut proven = cfg.auth.is_open();
+    // Plain until the host has proved itself; then sealed under the key.
+    let mut recv = Seal::plain(Dir::ToAgent);
+    let mut key = None;
     loop {
-        match proto::recv::<ToAgent>(&mut r) {
+        match recv.recv::<ToAgent>(&mut r, proto::MAX_LINE) {
             Ok(Some(ToAgent::Challenge { nonce, proof })) if !proven => {
-                cfg.auth
+                let theirs = cfg
+                    .auth
                     .check(Side::Host, &cfg.run_id, &mine, &nonce, &proof)
                     .map_err(|e| fake(format!("its proof fails ({e})")))?;
                 let ours = cfg
@@ -221,12 +234,14 @@ fn handshake(
                     .map_err(|e| {
                         Turned::Away(ClusterError::Io(format!("cannot prove this node: {e}")))
                     })?;
-                proto::send(&mut w, &ToHost::Proof { proof: ours }).map_err(io)?;
+                proto::send(&mut w, &ToHost::Proof { proof: ours.text }).map_err(io)?;
+                key = theirs.or(ours.key);
+                recv = Seal::new(key.clone(), Dir::ToAgent);
                 proven = true;
             }
             Ok(Some(ToAgent::Welcome)) if proven => {
                 let _ = s.set_read_timeout(None);
-                return Ok(r);
+                return Ok((r, Seal::new(key, Dir::ToHost), recv));
             }
             Ok(Some(ToAgent::Welcome)) => {
                 return Err(fake(format!(
@@ -254,6 +269,11 @@ fn handshake(
                     "the rendezvous host closed the connection".into(),
                 ));
             }
+            Err(e) if proven && e.kind() == std::io::ErrorKind::InvalidData => {
+                return Err(fake(format!(
+                    "its welcome is not sealed with this session's key ({e})"
+                )));
+            }
             Err(e) => return Err(Turned::Again(format!("the rendezvous host: {e}"))),
         }
     }
@@ -261,9 +281,9 @@ fn handshake(
 
 /// Every message from the host into the state, until the node is done or
 /// the connection ends.
-fn reader(link: Arc<Link>, mut r: BufReader<TcpStream>, endpoint: String) {
+fn reader(link: Arc<Link>, mut r: BufReader<TcpStream>, mut seal: Seal, endpoint: String) {
     loop {
-        let ev = match proto::recv(&mut r) {
+        let ev = match seal.recv(&mut r, proto::MAX_LINE) {
             Ok(Some(m)) => Event::Msg(m),
             Ok(None) => Event::Closed(format!(
                 "the rendezvous host {endpoint} closed the connection"
@@ -356,7 +376,7 @@ fn join_and_run(
     pipe: &SignalPipe,
     mut round: impl FnMut(&Start, Arc<dyn Peer>) -> RoundEnd,
 ) -> Result<JobEnd, ClusterError> {
-    let (stream, from_host) = enter(addrs, cfg, hosting, pipe)?;
+    let (stream, from_host, send, recv) = enter(addrs, cfg, hosting, pipe)?;
     let io = |e: std::io::Error| ClusterError::Io(e.to_string());
     let (todo, rx) = mpsc::channel();
     let link = Arc::new(Link {
@@ -367,14 +387,14 @@ fn join_and_run(
             cfg.heartbeat_timeout,
             Instant::now(),
         )),
-        writer: Mutex::new(stream.try_clone().map_err(io)?),
+        writer: Mutex::new((stream.try_clone().map_err(io)?, send)),
         todo,
     });
     let read = {
         let (link, e) = (link.clone(), cfg.endpoint.clone());
         std::thread::Builder::new()
             .name("rdzv-agent-read".into())
-            .spawn(move || reader(link, from_host, e))
+            .spawn(move || reader(link, from_host, recv, e))
             .map_err(io)?
     };
     let (quit, quit_rx) = mpsc::channel::<()>();

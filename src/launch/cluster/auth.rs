@@ -14,9 +14,16 @@
 //! - `none`: open, as torchrun's c10d store is; said at start-up with how to
 //!   close it.
 //!
-//! The host proves first (so an agent knows the host it joined is genuine
-//! before it says more), then the agent. Both nonces are fresh for every
-//! connection, so a recorded session proves nothing later.
+//! The host proves first (so an agent knows the host it joined holds the
+//! job's secret or MUNGE before it says more), then the agent. Both nonces
+//! are fresh for every connection, so a recorded session proves nothing
+//! later. The handshake also gives both ends a session key (`Key`) that
+//! nobody between them can know: derived from the secret and both nonces,
+//! or under MUNGE made by the host and sent inside its credential, which
+//! only our own user can decode (`munge -u`), once. Every later message
+//! carries a MAC under it (`proto::Seal`), so a machine in the middle that
+//! relays the handshake gains nothing: it can neither read the key nor
+//! change, inject or replay a message.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -30,6 +37,23 @@ pub(crate) const MIN_SECRET: usize = 16;
 
 /// The environment variable a batch script sets once for every node.
 pub(crate) const SECRET_VAR: &str = "THREADWISE_RDZV_SECRET";
+
+/// A connection's session key (HMAC-SHA256), known to its two ends only.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Key(pub [u8; 32]);
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Key(..)")
+    }
+}
+
+/// A proof, and the session key it gives its maker (where it gives one).
+#[derive(Debug, Clone)]
+pub(crate) struct Proof {
+    pub text: String,
+    pub key: Option<Key>,
+}
 
 /// How the nodes of a job know each other.
 #[derive(Clone)]
@@ -87,23 +111,44 @@ impl Auth {
         matches!(self, Auth::Open)
     }
 
-    /// This side's proof for the transcript.
+    /// This side's proof for the transcript, and the session key it gives:
+    /// with a secret, the key both sides derive; under MUNGE, the host's
+    /// fresh key inside its credential (the agent's proof gives none).
     pub(crate) fn prove(
         &self,
         side: Side,
         run_id: &str,
         agent_nonce: &str,
         host_nonce: &str,
-    ) -> Result<String, String> {
+    ) -> Result<Proof, String> {
         let t = transcript(side, run_id, agent_nonce, host_nonce);
         match self {
-            Auth::Open => Ok(String::new()),
-            Auth::Secret(k) => Ok(hex(&mac(k, &t).finalize().into_bytes())),
-            Auth::Munge(m) => m.encode(&t),
+            Auth::Open => Ok(Proof {
+                text: String::new(),
+                key: None,
+            }),
+            Auth::Secret(k) => Ok(Proof {
+                text: hex(&mac(k, &t).finalize().into_bytes()),
+                key: Some(derive(k, run_id, agent_nonce, host_nonce)),
+            }),
+            Auth::Munge(m) if side == Side::Host => {
+                let mut fresh = [0u8; 32];
+                random(&mut fresh).map_err(|e| e.to_string())?;
+                let text = m.encode(&format!("{t} key={}", hex(&fresh)), true)?;
+                Ok(Proof {
+                    text,
+                    key: Some(derive(&fresh, run_id, agent_nonce, host_nonce)),
+                })
+            }
+            Auth::Munge(m) => Ok(Proof {
+                text: m.encode(&t, false)?,
+                key: None,
+            }),
         }
     }
 
-    /// Check the other side's proof; Err says why it fails.
+    /// Check the other side's proof; the session key it gives (the host's,
+    /// under MUNGE, to its agent), or why it fails.
     pub(crate) fn check(
         &self,
         side: Side,
@@ -111,15 +156,16 @@ impl Auth {
         agent_nonce: &str,
         host_nonce: &str,
         proof: &str,
-    ) -> Result<(), String> {
+    ) -> Result<Option<Key>, String> {
         let t = transcript(side, run_id, agent_nonce, host_nonce);
         match self {
-            Auth::Open => Ok(()),
+            Auth::Open => Ok(None),
             Auth::Secret(k) => {
                 let got = unhex(proof).ok_or("the proof is not hex")?;
                 mac(k, &t)
                     .verify_slice(&got)
-                    .map_err(|_| "the proof does not match the job's secret".to_string())
+                    .map_err(|_| "the proof does not match the job's secret".to_string())?;
+                Ok(Some(derive(k, run_id, agent_nonce, host_nonce)))
             }
             Auth::Munge(m) => {
                 let (uid, payload) = m.decode(proof)?;
@@ -129,13 +175,29 @@ impl Auth {
                         "the MUNGE credential is user {uid}'s, not this job's user {me}'s"
                     ));
                 }
-                if payload != t {
-                    return Err("the MUNGE credential was made for another session".into());
+                let other = || "the MUNGE credential was made for another session".to_string();
+                if side == Side::Agent {
+                    return if payload == t { Ok(None) } else { Err(other()) };
                 }
-                Ok(())
+                let fresh = payload
+                    .strip_prefix(&t)
+                    .and_then(|rest| rest.strip_prefix(" key="))
+                    .and_then(unhex)
+                    .filter(|k| k.len() == 32)
+                    .ok_or_else(other)?;
+                Ok(Some(derive(&fresh, run_id, agent_nonce, host_nonce)))
             }
         }
     }
+}
+
+/// The session key from a key both ends hold and both nonces.
+fn derive(key: &[u8], run_id: &str, agent_nonce: &str, host_nonce: &str) -> Key {
+    let t = format!(
+        "{} session run={run_id} agent={agent_nonce} host={host_nonce}",
+        super::proto::PROTOCOL
+    );
+    Key(mac(key, &t).finalize().into_bytes().into())
 }
 
 fn mac(key: &[u8], transcript: &str) -> Hmac<Sha256> {
@@ -145,11 +207,11 @@ fn mac(key: &[u8], transcript: &str) -> Hmac<Sha256> {
     m
 }
 
-fn hex(b: &[u8]) -> String {
+pub(crate) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn unhex(s: &str) -> Option<Vec<u8>> {
+pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
     if s.len() % 2 != 0 || s.len() > 256 {
         return None;
     }
@@ -160,8 +222,16 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 }
 
 /// A fresh nonce: 16 bytes from the kernel's random source, as hex.
-pub(crate) fn nonce() -> String {
+pub(crate) fn nonce() -> std::io::Result<String> {
     let mut b = [0u8; 16];
+    random(&mut b)?;
+    Ok(hex(&b))
+}
+
+/// `b` filled from the kernel's random source: getrandom(2), else
+/// /dev/urandom (the same pool); an error where neither answers, never
+/// bytes left as they were.
+pub(crate) fn random(b: &mut [u8]) -> std::io::Result<()> {
     let mut got = 0;
     while got < b.len() {
         // The raw syscall: glibc's getrandom() wrapper is 2.25+, and the
@@ -171,16 +241,21 @@ pub(crate) fn nonce() -> String {
             unsafe { libc::syscall(libc::SYS_getrandom, b[got..].as_mut_ptr(), b.len() - got, 0) };
         if n > 0 {
             got += n as usize;
-        } else if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            // getrandom(2) does not fail once the pool is initialised; if it
-            // did, /dev/urandom is the same source.
-            if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-                let _ = std::io::Read::read_exact(&mut f, &mut b);
-            }
-            break;
+            continue;
         }
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        return std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b[got..]))
+            .map_err(|u| {
+                std::io::Error::other(format!(
+                    "no random bytes: getrandom(2): {e}; /dev/urandom: {u}"
+                ))
+            });
     }
-    hex(&b)
+    Ok(())
 }
 
 /// Why a secret or MUNGE cannot be used.
@@ -190,6 +265,8 @@ pub(crate) enum AuthError {
     Unreadable { path: String, why: String },
     #[error("the rendezvous secret {path} can be read by others (mode {mode:o})")]
     Exposed { path: String, mode: u32 },
+    #[error("the rendezvous secret {path} belongs to user {owner}, not to this user ({me})")]
+    NotOwned { path: String, owner: u32, me: u32 },
     #[error("the rendezvous secret {from} holds {len} byte(s), fewer than {MIN_SECRET}")]
     Short { from: String, len: usize },
 }
@@ -199,6 +276,9 @@ impl AuthError {
         match self {
             AuthError::Unreadable { .. } => "give a file this user can read, the same on every node".into(),
             AuthError::Exposed { path, .. } => format!("chmod 600 {path}"),
+            AuthError::NotOwned { path, .. } => {
+                format!("keep the secret in a file of this user's own: chown $(id -u) {path}")
+            }
             AuthError::Short { .. } => {
                 "make one of 32 random bytes: head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE"
                     .into()
@@ -223,20 +303,39 @@ fn secret_of(text: &[u8], from: &str) -> Result<Auth, AuthError> {
     Ok(Auth::Secret(text[..end].to_vec()))
 }
 
-/// The secret in a file that only its owner may read.
+/// The most a secret file may hold.
+const MAX_SECRET_FILE: u64 = 64 << 10;
+
+/// The secret in a file of our own user's that only that user may read:
+/// opened once, and what was opened is checked (fstat), so no link or
+/// rename between a check and the read can swap it.
 pub(crate) fn secret_file_auth(path: &Path) -> Result<Auth, AuthError> {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::MetadataExt;
     let shown = path.display().to_string();
     let unreadable = |e: std::io::Error| AuthError::Unreadable {
         path: shown.clone(),
         why: e.to_string(),
     };
-    let meta = std::fs::metadata(path).map_err(unreadable)?;
-    let mode = meta.permissions().mode() & 0o777;
+    let f = std::fs::File::open(path).map_err(unreadable)?;
+    let meta = f.metadata().map_err(unreadable)?;
+    if !meta.is_file() {
+        return Err(unreadable(std::io::Error::other("not a regular file")));
+    }
+    let me = crate::os::euid();
+    if meta.uid() != me {
+        return Err(AuthError::NotOwned {
+            path: shown,
+            owner: meta.uid(),
+            me,
+        });
+    }
+    let mode = meta.mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(AuthError::Exposed { path: shown, mode });
     }
-    let text = std::fs::read(path).map_err(unreadable)?;
+    let mut text = vec![];
+    std::io::Read::read_to_end(&mut std::io::Read::take(&f, MAX_SECRET_FILE), &mut text)
+        .map_err(unreadable)?;
     secret_of(&text, &shown)
 }
 
@@ -286,7 +385,7 @@ pub(crate) fn munge_for_job(env: &dyn Fn(&str) -> Option<String>) -> Option<Mung
     let socket =
         env("SLURM_CONF").and_then(|c| slurm_munge_socket(&std::fs::read_to_string(c).ok()?));
     let m = Munge { socket };
-    m.encode("threadwise probe").ok()?;
+    m.encode("threadwise probe", false).ok()?;
     which::which("unmunge").ok()?;
     Some(m)
 }
@@ -332,9 +431,14 @@ impl Munge {
         Ok((out, err))
     }
 
-    /// A credential with `payload`.
-    fn encode(&self, payload: &str) -> Result<String, String> {
-        let (out, err) = self.tool("munge", &["-s", payload], b"")?;
+    /// A credential with `payload`; `mine`: only our own user may decode it.
+    fn encode(&self, payload: &str, mine: bool) -> Result<String, String> {
+        let uid = crate::os::euid().to_string();
+        let mut args = vec!["-s", payload];
+        if mine {
+            args.extend(["-u", &uid]);
+        }
+        let (out, err) = self.tool("munge", &args, b"")?;
         let cred = out.trim();
         if !cred.starts_with("MUNGE:") {
             return Err(format!("munge failed: {}", err.trim()));
@@ -379,9 +483,14 @@ mod tests {
     #[test]
     fn an_hmac_proof_holds_for_its_transcript_only() {
         let k = key();
-        let p = k.prove(Side::Host, "job", "a1", "h1").unwrap();
+        let proof = k.prove(Side::Host, "job", "a1", "h1").unwrap();
+        let p = proof.text;
         assert_eq!(p.len(), 64);
-        assert!(k.check(Side::Host, "job", "a1", "h1", &p).is_ok());
+        // Both ends hold the same session key; another session, another key.
+        let key = k.check(Side::Host, "job", "a1", "h1", &p).unwrap();
+        assert!(key.is_some() && key == proof.key);
+        let again = k.prove(Side::Host, "job", "a1", "h2").unwrap().key;
+        assert_ne!(again, key);
         // Another side, run, nonce or key: refused.
         for (side, run, a, h) in [
             (Side::Agent, "job", "a1", "h1"),
@@ -401,7 +510,7 @@ mod tests {
 
     #[test]
     fn nonces_are_fresh() {
-        let (a, b) = (nonce(), nonce());
+        let (a, b) = (nonce().unwrap(), nonce().unwrap());
         assert_eq!(a.len(), 32);
         assert_ne!(a, b);
     }
@@ -427,12 +536,47 @@ mod tests {
             secret_file_auth(&f).unwrap(),
             secret_var("0123456789abcdef0123").unwrap(),
         );
-        let p = a.prove(Side::Agent, "r", "x", "y").unwrap();
+        let p = a.prove(Side::Agent, "r", "x", "y").unwrap().text;
         assert!(b.check(Side::Agent, "r", "x", "y", &p).is_ok());
         assert!(matches!(
             secret_file_auth(&d.path().join("none")),
             Err(AuthError::Unreadable { .. })
         ));
+        // A link to it is read as the file it names (Kubernetes mounts
+        // secrets so); a directory is refused.
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&f, &link).unwrap();
+        assert!(secret_file_auth(&link).is_ok());
+        assert!(matches!(
+            secret_file_auth(d.path()),
+            Err(AuthError::Unreadable { why, .. }) if why.contains("not a regular file")
+        ));
+    }
+
+    #[test]
+    fn a_secret_file_of_another_user_is_refused() {
+        if crate::os::euid() != 0 {
+            return; // only root can give a file away
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("s");
+        std::fs::write(&f, "0123456789abcdef0123\n").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::chown(&f, Some(65534), None).unwrap();
+        let e = secret_file_auth(&f).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                AuthError::NotOwned {
+                    owner: 65534,
+                    me: 0,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("belongs to user 65534") && e.hint().contains("chown"));
     }
 
     #[test]

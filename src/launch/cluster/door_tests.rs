@@ -73,6 +73,14 @@ impl Raw {
         proto::recv(&mut self.r).ok().flatten()
     }
 
+    /// A message sealed under `key` (the first of the session's).
+    fn hear_sealed(&mut self, key: Option<auth::Key>) -> Option<ToAgent> {
+        proto::Seal::new(key, proto::Dir::ToAgent)
+            .recv(&mut self.r, proto::MAX_LINE)
+            .ok()
+            .flatten()
+    }
+
     fn hello(&mut self, mode: &str, nonce: &str) {
         self.say(&ToHost::Hello {
             protocol: PROTOCOL.into(),
@@ -155,20 +163,18 @@ fn a_replayed_session_proves_nothing() {
     let k = secret(SECRET);
     // A genuine node's session, as someone on the network records it.
     let mut genuine = Raw::connect(port);
-    let nonce = auth::nonce();
+    let nonce = auth::nonce().unwrap();
     genuine.hello("secret", &nonce);
     let Some(ToAgent::Challenge { nonce: h1, proof }) = genuine.hear() else {
         panic!("no challenge")
     };
-    assert!(
-        k.check(Side::Host, "door", &nonce, &h1, &proof).is_ok(),
-        "the host is genuine"
-    );
-    let recorded = k.prove(Side::Agent, "door", &nonce, &h1).unwrap();
+    let key = k.check(Side::Host, "door", &nonce, &h1, &proof);
+    assert!(key.is_ok(), "the host is genuine");
+    let recorded = k.prove(Side::Agent, "door", &nonce, &h1).unwrap().text;
     genuine.say(&ToHost::Proof {
         proof: recorded.clone(),
     });
-    assert_eq!(genuine.hear(), Some(ToAgent::Welcome));
+    assert_eq!(genuine.hear_sealed(key.unwrap()), Some(ToAgent::Welcome));
     // The same hello and proof again: the host's nonce is new, the proof old.
     let mut replay = Raw::connect(port);
     replay.hello("secret", &nonce);
@@ -181,7 +187,7 @@ fn a_replayed_session_proves_nothing() {
     assert!(why.contains("authentication failed"), "{why}");
     // A recorded host challenge does not fool an agent either: its nonce is new.
     assert!(
-        k.check(Side::Host, "door", &auth::nonce(), &h1, &proof)
+        k.check(Side::Host, "door", &auth::nonce().unwrap(), &h1, &proof)
             .is_err()
     );
     hosted.finish();
@@ -235,7 +241,7 @@ fn an_agent_finds_out_a_fake_host() {
         (
             ToAgent::Challenge {
                 nonce: "00".into(),
-                proof: other.prove(Side::Host, "door", "ab", "00").unwrap(),
+                proof: other.prove(Side::Host, "door", "ab", "00").unwrap().text,
             },
             "proof fails",
         ),
@@ -261,4 +267,199 @@ fn an_agent_finds_out_a_fake_host() {
             other => panic!("a fake host was trusted ({expect}): {other:?}"),
         }
     }
+}
+
+/// A connection to `port` on loopback from the address `from` (any of
+/// 127.0.0.0/8 is this machine's), as another host's would come.
+fn connect_from(from: std::net::Ipv4Addr, port: u16) -> TcpStream {
+    use std::os::fd::FromRawFd;
+    let sin = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a fresh socket, bound and connected with valid addresses,
+    // then owned by the TcpStream.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0);
+        let local = sin(from, 0);
+        assert_eq!(
+            libc::bind(fd, &local as *const _ as *const libc::sockaddr, len),
+            0
+        );
+        let peer = sin(std::net::Ipv4Addr::LOCALHOST, port);
+        assert_eq!(
+            libc::connect(fd, &peer as *const _ as *const libc::sockaddr, len),
+            0
+        );
+        TcpStream::from_raw_fd(fd)
+    }
+}
+
+/// The attack: 64 sockets from 4 addresses that are no node's, each
+/// sending a byte every 2 s (once, the deadline restarted at every read, so
+/// they held the door forever and the job never formed). Now the whole
+/// hello has one deadline and a newcomer takes the oldest waiting place:
+/// the job with a secret forms at once.
+#[test]
+fn slow_sockets_cannot_hold_the_door_shut() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let port = crate::launch::env::free_port().unwrap();
+    let a = agent(config(port, "a", secret(SECRET)), 0);
+    std::thread::sleep(Duration::from_millis(300));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut slow = vec![];
+    for i in 0..64u8 {
+        let from = std::net::Ipv4Addr::new(127, 0, 0, 2 + i % 4);
+        let mut s = connect_from(from, port);
+        let stop = stop.clone();
+        slow.push(std::thread::spawn(move || {
+            let hello = b"{\"msg\":\"hello\",\"protocol\":\"threadwise.rdzv/3\"";
+            for b in hello.iter().cycle() {
+                if stop.load(Ordering::Relaxed) || s.write_all(&[*b]).is_err() {
+                    return;
+                }
+                for _ in 0..20 {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = Instant::now();
+    let b = agent(config(port, "b", secret(SECRET)), 0);
+    let (ea, eb) = (a.join().unwrap(), b.join().unwrap());
+    let took = t0.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for t in slow {
+        let _ = t.join();
+    }
+    assert_eq!(ea.as_ref().map(|e| e.code).ok(), Some(0), "{ea:?}");
+    assert_eq!(eb.as_ref().map(|e| e.code).ok(), Some(0), "{eb:?}");
+    assert!(took < Duration::from_secs(15), "the job formed in {took:?}");
+}
+
+/// A client that dribbles a byte every 300 ms is dropped at the deadline
+/// of its whole hello, not kept while each read succeeds.
+#[test]
+fn a_dribbling_client_is_dropped_at_the_deadline_of_its_whole_hello() {
+    let (port, hosted) = host(Auth::Open);
+    let t0 = Instant::now();
+    let mut c = Raw::connect(port);
+    let mut w = c.w.try_clone().unwrap();
+    let dribble = std::thread::spawn(move || {
+        for _ in 0..60 {
+            if w.write_all(b" ").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    });
+    let why = refused(c.hear());
+    let waited = t0.elapsed();
+    assert!(why.contains("no hello within 10 s"), "{why}");
+    assert!(
+        waited < server::HELLO_DEADLINE + Duration::from_secs(2),
+        "{waited:?}"
+    );
+    let _ = dribble.join();
+    hosted.finish();
+}
+
+#[test]
+fn a_long_line_before_the_door_is_refused_at_8_kib() {
+    let (port, hosted) = host(secret(SECRET));
+    let mut c = Raw::connect(port);
+    let mut line = vec![b'x'; proto::MAX_DOOR_LINE + 100];
+    line.push(b'\n');
+    let _ = c.w.write_all(&line);
+    let why = refused(c.hear());
+    assert!(why.contains("over 8 KiB"), "{why}");
+    hosted.finish();
+}
+
+/// A machine in the middle relays the handshake untouched, then flips one
+/// byte of what the host says next: the agent finds out and stops, and no
+/// rank runs with what the middle changed.
+#[test]
+fn a_machine_in_the_middle_that_changes_a_byte_is_found_out() {
+    use std::sync::Mutex;
+    let port = crate::launch::env::free_port().unwrap();
+    let a = agent(config(port, "a", secret(SECRET)), 0);
+    std::thread::sleep(Duration::from_millis(300));
+    // The proxy: agent b connects to it; it relays to the host, and flips a
+    // byte of the first line after the host's welcome.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mid = l.local_addr().unwrap().port();
+    let flipped = Arc::new(Mutex::new(String::new()));
+    let seen = flipped.clone();
+    std::thread::spawn(move || {
+        let (down, _) = l.accept().unwrap();
+        let up = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (mut d2, mut u2) = (down.try_clone().unwrap(), up.try_clone().unwrap());
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut d2, &mut u2);
+        });
+        let mut r = BufReader::new(up);
+        let mut w = down;
+        let mut welcomed = false;
+        loop {
+            let mut line = String::new();
+            if std::io::BufRead::read_line(&mut r, &mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            if welcomed && seen.lock().unwrap().is_empty() && line.contains("\"start\"") {
+                // MASTER_ADDR 127.0.0.1 becomes 127.0.0.7.
+                *seen.lock().unwrap() = line.clone();
+                line = line.replacen("127.0.0.1", "127.0.0.7", 1);
+            }
+            welcomed |= line.contains("\"welcome\"");
+            if w.write_all(line.as_bytes()).is_err() {
+                return;
+            }
+        }
+    });
+    let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ran2 = ran.clone();
+    let cfg = AgentConfig {
+        endpoint: format!("127.0.0.1:{mid}"),
+        ..config(port, "b", secret(SECRET))
+    };
+    let b = std::thread::spawn(move || {
+        run(&cfg, move |_: &Start, _: Arc<dyn Peer>| {
+            ran2.store(true, std::sync::atomic::Ordering::SeqCst);
+            0.into()
+        })
+    });
+    let eb = b.join().unwrap();
+    let _ = a.join().unwrap();
+    assert!(
+        flipped.lock().unwrap().contains("\"start\""),
+        "the middle saw and changed the start"
+    );
+    assert!(
+        !ran.load(std::sync::atomic::Ordering::SeqCst),
+        "no rank ran"
+    );
+    match eb {
+        Err(e) => assert!(e.to_string().contains("failed its MAC check"), "{e}"),
+        Ok(end) => panic!("the changed start was taken: {end:?}"),
+    }
+}
+
+#[test]
+fn ipv6_addresses_count_by_their_64() {
+    let g = |s: &str| server::addr_group(s.parse().unwrap());
+    assert_eq!(g("2001:db8:1:2:aaaa::1"), g("2001:db8:1:2:ffff::9"));
+    assert_ne!(g("2001:db8:1:2::1"), g("2001:db8:1:3::1"));
+    assert_eq!(g("::ffff:10.0.0.1"), g("10.0.0.1"));
+    assert_ne!(g("10.0.0.1"), g("10.0.0.2"));
 }

@@ -1,29 +1,36 @@
 //! The rendezvous host's sockets: a thread in the agent whose node owns the
 //! endpoint. It accepts the agents (its own included, over TCP like the
-//! rest), lets each through the door (a hello within `HELLO_DEADLINE`, the
-//! job's run id, its authentication: `auth`) on a thread of its own, then
-//! reads it there; beats every second, and carries out what `coord` decides.
-//! Bounded by design: at most `MAX_WAITING` connections at the door
-//! (`MAX_WAITING_PER_ADDR` from one address), the rest told Busy and closed
-//! at once; past the door, one per node (the coordinator refuses more).
+//! rest), lets each through the door (the whole handshake within
+//! `HELLO_DEADLINE`, however slowly its bytes come; lines of at most
+//! `proto::MAX_DOOR_LINE`; the job's run id, its authentication: `auth`) on
+//! a thread of its own, then reads it there, every message sealed
+//! (`proto::Seal`); beats every second, and carries out what `coord`
+//! decides. Bounded by design: at most `MAX_WAITING` connections at the
+//! door, `MAX_WAITING_PER_ADDR` from one address (an IPv6 /64 counts as one);
+//! a newcomer past either bound takes the place of the oldest connection
+//! still at the door (of its address, or of all), so nobody can hold the
+//! door shut, and a node that has proved itself is never pushed out; MUNGE's
+//! tools run for at most `MUNGE_BURST` hellos from one address at once,
+//! `MUNGE_PER_SEC` a second after that, the rest told Busy. Past the door,
+//! one connection per node (the coordinator refuses more).
 
-use std::collections::HashMap;
-use std::io::{BufReader, ErrorKind};
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufReader, ErrorKind, Read};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::auth::{self, Auth, Side};
 use super::coord::{Conn, Coordinator, Out};
-use super::proto::{self, Hello, PROTOCOL, ToAgent, ToHost};
+use super::proto::{self, Dir, Hello, PROTOCOL, Seal, ToAgent, ToHost};
 
 enum Ev {
-    /// A connection through the door: its stream (for writing), its hello,
-    /// the peer's address and ours as the peer reached it.
-    Joined(Conn, TcpStream, Hello, String, String),
+    /// A connection through the door: its stream and seal (for writing), its
+    /// hello, the peer's address and ours as the peer reached it.
+    Joined(Conn, TcpStream, Seal, Hello, String, String),
     Msg(Conn, ToHost),
     Closed(Conn, String),
     /// A peer turned away at the door: its address and why.
@@ -33,13 +40,18 @@ enum Ev {
 }
 
 /// How long a connection may take to say hello and, where the job asks it,
-/// prove itself.
+/// prove itself: the whole handshake, not each read.
 pub(crate) const HELLO_DEADLINE: Duration = Duration::from_secs(10);
 
-/// Connections still at the door at once, in all and from one address;
-/// those beyond are told Busy and closed at once, with no thread or buffer.
+/// Connections still at the door at once, in all and from one address (an
+/// IPv6 /64); a newcomer past either takes the oldest one's place.
 pub(crate) const MAX_WAITING: usize = 64;
 pub(crate) const MAX_WAITING_PER_ADDR: usize = 16;
+
+/// Hellos from one address that may run MUNGE's tools at once, and how
+/// many a second after that.
+pub(crate) const MUNGE_BURST: f64 = 8.0;
+pub(crate) const MUNGE_PER_SEC: f64 = 4.0;
 
 /// A door (then reader) thread's stack: it holds a line reader and little else.
 const READER_STACK: usize = 256 * 1024;
@@ -104,6 +116,7 @@ pub(super) fn start(
         auth,
         run_id: coord.run_id().to_string(),
         waiting: Arc::default(),
+        munge: Arc::default(),
     };
     let over = Arc::new(AtomicBool::new(false));
     let over2 = over.clone();
@@ -127,30 +140,149 @@ pub(super) fn start(
 struct Door {
     auth: Auth,
     run_id: String,
-    /// Connections at the door, by the peer's address.
-    waiting: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    waiting: Arc<(Mutex<Waiting>, Condvar)>,
+    /// MUNGE's tools run per address: (tokens, when last filled).
+    munge: Arc<Mutex<HashMap<IpAddr, (f64, Instant)>>>,
+}
+
+/// The connections at the door, oldest first, with their address (group)
+/// and a handle to close them by; and the door's threads, by address, those
+/// of connections closed to make room among them until they have ended.
+#[derive(Default)]
+struct Waiting {
+    conns: BTreeMap<Conn, (IpAddr, TcpStream, Instant)>,
+    per_addr: HashMap<IpAddr, usize>,
+    threads: HashMap<IpAddr, usize>,
+    all_threads: usize,
+}
+
+/// How long a newcomer waits for a thread it pushed out to end.
+const MAKE_ROOM: Duration = Duration::from_millis(100);
+
+/// How long a connection keeps its place at the door against newcomers
+/// from an address already there (a flood is then told Busy, with no
+/// thread, rather than churning threads).
+pub(crate) const DOOR_MIN_STAY: Duration = Duration::from_secs(1);
+
+impl Waiting {
+    fn remove(&mut self, conn: Conn) -> Option<TcpStream> {
+        let (group, s, _) = self.conns.remove(&conn)?;
+        if let Some(n) = self.per_addr.get_mut(&group) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_addr.remove(&group);
+            }
+        }
+        Some(s)
+    }
+}
+
+/// What counts as one address at the door: an IPv6 address's /64 (one
+/// host's, or one site's, share), an IPv4 address itself.
+pub(super) fn addr_group(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+        v4 => v4,
+    }
 }
 
 impl Door {
-    /// Take a place at the door for `ip`, if there is one.
-    fn enter(&self, ip: IpAddr) -> bool {
-        let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        let all: usize = w.values().sum();
-        let here = w.get(&ip).copied().unwrap_or(0);
-        if all >= MAX_WAITING || here >= MAX_WAITING_PER_ADDR {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.waiting.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Take a place at the door for `conn` from `ip` at `now`. Where its
+    /// address is full, its own oldest connection is closed to make room,
+    /// once that one has had `DOOR_MIN_STAY`; where the door is full, the
+    /// oldest of all, at once for an address with none at the door (a node
+    /// gets in at once whatever holds the door), else likewise once it has
+    /// had its stay. A thread pushed out is waited for (briefly), so the
+    /// door never holds more threads than places. False (the newcomer is
+    /// told Busy) where no room is made, or `s` cannot be kept.
+    fn enter(&self, conn: Conn, ip: IpAddr, s: &TcpStream, now: Instant) -> bool {
+        let group = addr_group(ip);
+        let mut w = self.lock();
+        let here = w.per_addr.get(&group).copied().unwrap_or(0);
+        let stayed = |at: &Instant| now.saturating_duration_since(*at) >= DOOR_MIN_STAY;
+        let (room, push_out) = if here >= MAX_WAITING_PER_ADDR {
+            let first = w.conns.iter().find(|(_, (g, _, _))| *g == group);
+            first.map_or((true, None), |(c, (_, _, at))| (stayed(at), Some(*c)))
+        } else if w.conns.len() >= MAX_WAITING {
+            let first = w.conns.iter().next();
+            first.map_or((true, None), |(c, (_, _, at))| {
+                (here == 0 || stayed(at), Some(*c))
+            })
+        } else {
+            (true, None)
+        };
+        if !room {
             return false;
         }
-        *w.entry(ip).or_insert(0) += 1;
+        let Ok(handle) = s.try_clone() else {
+            return false;
+        };
+        if let Some(old) = push_out.and_then(|c| w.remove(c)) {
+            // Its thread's next read fails, and it leaves.
+            let _ = old.shutdown(Shutdown::Both);
+        }
+        let deadline = Instant::now() + MAKE_ROOM;
+        while w.threads.get(&group).copied().unwrap_or(0) >= MAX_WAITING_PER_ADDR
+            || w.all_threads >= MAX_WAITING
+        {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            w = self
+                .waiting
+                .1
+                .wait_timeout(w, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        w.conns.insert(conn, (group, handle, now));
+        *w.per_addr.entry(group).or_insert(0) += 1;
+        *w.threads.entry(group).or_insert(0) += 1;
+        w.all_threads += 1;
         true
     }
 
-    fn leave(&self, ip: IpAddr) {
-        let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = w.get_mut(&ip) {
+    /// `conn`'s thread is past the door, or done: its place and its count.
+    fn leave(&self, conn: Conn, ip: IpAddr) {
+        let group = addr_group(ip);
+        let mut w = self.lock();
+        w.remove(conn);
+        if let Some(n) = w.threads.get_mut(&group) {
             *n -= 1;
             if *n == 0 {
-                w.remove(&ip);
+                w.threads.remove(&group);
             }
+        }
+        w.all_threads = w.all_threads.saturating_sub(1);
+        self.waiting.1.notify_all();
+    }
+
+    /// May a hello from `ip` run MUNGE's tools now (a token bucket per address)?
+    fn munge_allowed(&self, ip: IpAddr, now: Instant) -> bool {
+        let mut m = self.munge.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() > 4096 {
+            // Forget the full buckets of addresses long quiet.
+            m.retain(|_, (t, at)| {
+                *t + now.duration_since(*at).as_secs_f64() * MUNGE_PER_SEC < MUNGE_BURST
+            });
+        }
+        let (tokens, at) = m.entry(addr_group(ip)).or_insert((MUNGE_BURST, now));
+        *tokens =
+            (*tokens + now.duration_since(*at).as_secs_f64() * MUNGE_PER_SEC).min(MUNGE_BURST);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
         }
     }
 }
@@ -164,7 +296,9 @@ fn accept_loop(listener: TcpListener, tx: Sender<Ev>, door: Door, over: &AtomicB
         let Ok(mut s) = stream else { continue };
         let Ok(peer) = s.peer_addr() else { continue };
         let ip = peer.ip().to_canonical();
-        if !door.enter(ip) {
+        let conn = next;
+        next += 1;
+        if !door.enter(conn, ip, &s, Instant::now()) {
             // No thread, no buffer: a short line into an empty socket buffer,
             // then closed.
             let _ = s.set_nonblocking(true);
@@ -176,22 +310,49 @@ fn accept_loop(listener: TcpListener, tx: Sender<Ev>, door: Door, over: &AtomicB
             .map(|a| a.ip().to_canonical().to_string())
             .unwrap_or_default();
         let _ = s.set_nodelay(true);
-        let (conn, tx2, door2) = (next, tx.clone(), door.clone());
-        next += 1;
+        let (tx2, door2) = (tx.clone(), door.clone());
         let spawned = std::thread::Builder::new()
             .name("rdzv-read".into())
             .stack_size(READER_STACK)
             .spawn(move || {
                 let joined = admit(conn, s, ip, local, &door2, &tx2);
-                door2.leave(ip);
-                if let Some(r) = joined {
-                    read_loop(conn, r, tx2);
+                door2.leave(conn, ip);
+                if let Some((r, seal)) = joined {
+                    read_loop(conn, r, seal, tx2);
                 }
             });
         if spawned.is_err() {
-            door.leave(ip);
+            door.leave(conn, ip);
         }
     }
+}
+
+/// A stream whose reads end at a deadline for all of them together, not
+/// for each: a peer that sends a byte at a time cannot stretch it.
+pub(super) struct Timed {
+    s: TcpStream,
+    deadline: Option<Instant>,
+}
+
+impl Read for Timed {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(d) = self.deadline {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ErrorKind::TimedOut.into());
+            }
+            self.s.set_read_timeout(Some(left))?;
+        }
+        self.s.read(buf)
+    }
+}
+
+/// Why a peer did not come through the door.
+enum Turn {
+    /// Refused, with the reason it is told.
+    Refused(String),
+    /// Told Busy (MUNGE's rate): it may try again.
+    Busy(String),
 }
 
 /// The door: a hello within the deadline, of our protocol and run, in the
@@ -205,19 +366,32 @@ fn admit(
     local: String,
     door: &Door,
     tx: &Sender<Ev>,
-) -> Option<BufReader<TcpStream>> {
+) -> Option<(BufReader<Timed>, Seal)> {
     let mut w = s.try_clone().ok()?;
     let _ = w.set_write_timeout(Some(Duration::from_secs(2)));
-    let mut r = BufReader::new(s);
-    match handshake(&mut r, &mut w, door) {
-        Ok(hello) => {
-            let _ = r.get_ref().set_read_timeout(None);
-            tx.send(Ev::Joined(conn, w, hello, ip.to_string(), local))
+    let mut r = BufReader::new(Timed {
+        s,
+        deadline: Some(Instant::now() + HELLO_DEADLINE),
+    });
+    match handshake(&mut r, &mut w, door, ip) {
+        Ok((hello, send, recv)) => {
+            r.get_mut().deadline = None;
+            let _ = r.get_ref().s.set_read_timeout(None);
+            tx.send(Ev::Joined(conn, w, send, hello, ip.to_string(), local))
                 .ok()?;
-            Some(r)
+            Some((r, recv))
         }
-        Err(why) => {
-            let _ = proto::send(&mut w, &ToAgent::Refused { why: why.clone() });
+        Err(turn) => {
+            let why = match turn {
+                Turn::Refused(why) => {
+                    let _ = proto::send(&mut w, &ToAgent::Refused { why: why.clone() });
+                    why
+                }
+                Turn::Busy(why) => {
+                    let _ = proto::send(&mut w, &ToAgent::Busy);
+                    why
+                }
+            };
             let _ = w.shutdown(Shutdown::Both);
             let _ = tx.send(Ev::Refused(ip.to_string(), why));
             None
@@ -225,14 +399,9 @@ fn admit(
     }
 }
 
-/// One message before `deadline`, or why there was none.
-fn recv_by(r: &mut BufReader<TcpStream>, deadline: Instant, what: &str) -> Result<ToHost, String> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(format!("no {what} within {} s", HELLO_DEADLINE.as_secs()));
-    }
-    let _ = r.get_ref().set_read_timeout(Some(left));
-    match proto::recv::<ToHost>(r) {
+/// One plain message before the handshake's deadline, or why there was none.
+fn recv_by(r: &mut BufReader<Timed>, what: &str) -> Result<ToHost, String> {
+    match Seal::plain(Dir::ToHost).recv::<ToHost>(r, proto::MAX_DOOR_LINE) {
         Ok(Some(m)) => Ok(m),
         Ok(None) => Err(format!("closed before its {what}")),
         Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
@@ -242,30 +411,37 @@ fn recv_by(r: &mut BufReader<TcpStream>, deadline: Instant, what: &str) -> Resul
     }
 }
 
+/// The door's side of the handshake: the hello, the seals of both
+/// directions (keyed where the job authenticates), or why not.
 fn handshake(
-    r: &mut BufReader<TcpStream>,
+    r: &mut BufReader<Timed>,
     w: &mut TcpStream,
     door: &Door,
-) -> Result<Hello, String> {
-    let deadline = Instant::now() + HELLO_DEADLINE;
-    let (protocol, hello) = match recv_by(r, deadline, "hello")? {
+    ip: IpAddr,
+) -> Result<(Hello, Seal, Seal), Turn> {
+    let refused = Turn::Refused;
+    let (protocol, hello) = match recv_by(r, "hello").map_err(refused)? {
         ToHost::Hello { protocol, hello } => (protocol, hello),
-        _ => return Err("a message before its hello: say hello first".into()),
+        _ => {
+            return Err(refused(
+                "a message before its hello: say hello first".into(),
+            ));
+        }
     };
     if protocol != PROTOCOL {
-        return Err(format!(
+        return Err(refused(format!(
             "protocol {protocol:?} differs from {PROTOCOL:?} (every node needs the same threadwise)"
-        ));
+        )));
     }
     if hello.run_id != door.run_id {
-        return Err(format!(
+        return Err(refused(format!(
             "run id {:?} differs from the job's {:?} (--rdzv-id)",
             hello.run_id, door.run_id
-        ));
+        )));
     }
     let mode = door.auth.mode();
     if hello.auth != mode {
-        return Err(format!(
+        return Err(refused(format!(
             "this job's rendezvous authenticates with {mode}; the node offered {:?}{}",
             hello.auth,
             match mode {
@@ -274,41 +450,52 @@ fn handshake(
                 "munge" => " (run every node inside the same Slurm job, where MUNGE answers)",
                 _ => " (give no secret to any node, or the same to all)",
             }
-        ));
+        )));
     }
+    let mut key = None;
     if !door.auth.is_open() {
         let ok =
             |n: &str| !n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_hexdigit());
         if !ok(&hello.nonce) {
-            return Err("its hello carries no usable nonce".into());
+            return Err(refused("its hello carries no usable nonce".into()));
         }
-        let nonce = auth::nonce();
+        if matches!(door.auth, Auth::Munge(_)) && !door.munge_allowed(ip, Instant::now()) {
+            return Err(Turn::Busy(format!(
+                "more than {MUNGE_PER_SEC} MUNGE hellos a second from its address"
+            )));
+        }
+        let nonce = auth::nonce().map_err(|e| refused(format!("the host has no nonce: {e}")))?;
         let proof = door
             .auth
             .prove(Side::Host, &door.run_id, &hello.nonce, &nonce)
-            .map_err(|e| format!("the host cannot prove itself: {e}"))?;
+            .map_err(|e| refused(format!("the host cannot prove itself: {e}")))?;
+        key = proof.key;
         proto::send(
             w,
             &ToAgent::Challenge {
                 nonce: nonce.clone(),
-                proof,
+                proof: proof.text,
             },
         )
-        .map_err(|e| e.to_string())?;
-        let ToHost::Proof { proof } = recv_by(r, deadline, "proof")? else {
-            return Err("no proof after the challenge".into());
+        .map_err(|e| refused(e.to_string()))?;
+        let ToHost::Proof { proof } = recv_by(r, "proof").map_err(refused)? else {
+            return Err(refused("no proof after the challenge".into()));
         };
-        door.auth
+        let theirs = door
+            .auth
             .check(Side::Agent, &door.run_id, &hello.nonce, &nonce, &proof)
-            .map_err(|e| format!("authentication failed: {e}"))?;
+            .map_err(|e| refused(format!("authentication failed: {e}")))?;
+        key = key.or(theirs);
     }
-    proto::send(w, &ToAgent::Welcome).map_err(|e| e.to_string())?;
-    Ok(hello)
+    let mut send = Seal::new(key.clone(), Dir::ToAgent);
+    send.send(w, &ToAgent::Welcome)
+        .map_err(|e| refused(e.to_string()))?;
+    Ok((hello, send, Seal::new(key, Dir::ToHost)))
 }
 
-fn read_loop(conn: Conn, mut r: BufReader<TcpStream>, tx: Sender<Ev>) {
+fn read_loop(conn: Conn, mut r: BufReader<Timed>, mut seal: Seal, tx: Sender<Ev>) {
     loop {
-        match proto::recv::<ToHost>(&mut r) {
+        match seal.recv::<ToHost>(&mut r, proto::MAX_LINE) {
             Ok(Some(m)) => {
                 if tx.send(Ev::Msg(conn, m)).is_err() {
                     return;
@@ -327,18 +514,18 @@ fn read_loop(conn: Conn, mut r: BufReader<TcpStream>, tx: Sender<Ev>) {
 }
 
 fn serve(mut coord: Coordinator, rx: Receiver<Ev>) -> Coordinator {
-    let mut peers: HashMap<Conn, TcpStream> = HashMap::new();
+    let mut peers: HashMap<Conn, (TcpStream, Seal)> = HashMap::new();
     let mut refused = 0usize;
     let mut next_beat = Instant::now() + BEAT;
     while !coord.over() {
         let wait = next_beat.saturating_duration_since(Instant::now());
         let now_outs = match rx.recv_timeout(wait) {
-            Ok(Ev::Joined(conn, stream, hello, addr, local)) => {
+            Ok(Ev::Joined(conn, stream, seal, hello, addr, local)) => {
                 let now = Instant::now();
                 if addr.parse::<IpAddr>().is_ok_and(|ip| !ip.is_loopback()) {
                     coord.reached_at(&local);
                 }
-                peers.insert(conn, stream);
+                peers.insert(conn, (stream, seal));
                 coord.join(conn, hello, &addr, now)
             }
             Ok(Ev::Msg(conn, m)) => on_message(&mut coord, conn, m),
@@ -381,7 +568,7 @@ fn serve(mut coord: Coordinator, rx: Receiver<Ev>) -> Coordinator {
         );
     }
     // Every reader's stream is shut down (or its peer gone): each ends.
-    for p in peers.values() {
+    for (p, _) in peers.values() {
         let _ = p.shutdown(Shutdown::Both);
     }
     coord
@@ -403,14 +590,14 @@ fn on_message(coord: &mut Coordinator, conn: Conn, m: ToHost) -> Vec<Out> {
     }
 }
 
-fn deliver(peers: &mut HashMap<Conn, TcpStream>, outs: Vec<Out>) {
+fn deliver(peers: &mut HashMap<Conn, (TcpStream, Seal)>, outs: Vec<Out>) {
     for o in outs {
-        let Some(p) = peers.get_mut(&o.conn) else {
+        let Some((p, seal)) = peers.get_mut(&o.conn) else {
             continue;
         };
         // A node whose link is down fails here after the write timeout; the
         // heartbeat finds it lost.
-        let _ = proto::send(p, &o.msg);
+        let _ = seal.send(p, &o.msg);
         if let ToAgent::Refused { .. } = o.msg {
             // A peer the coordinator turned away (in an open job, past the
             // door): closed both ways, so its reader thread ends now rather
@@ -420,5 +607,110 @@ fn deliver(peers: &mut HashMap<Conn, TcpStream>, outs: Vec<Out>) {
         } else if o.close {
             let _ = p.shutdown(Shutdown::Write);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn door() -> Door {
+        Door {
+            auth: Auth::Open,
+            run_id: "t".into(),
+            waiting: Arc::default(),
+            munge: Arc::default(),
+        }
+    }
+
+    #[test]
+    fn munge_hellos_are_rate_limited_per_address() {
+        let d = door();
+        let t0 = Instant::now();
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "2001:db8::1".parse().unwrap();
+        let b2: IpAddr = "2001:db8::2".parse().unwrap();
+        let burst = (0..20).filter(|_| d.munge_allowed(a, t0)).count();
+        assert_eq!(burst, MUNGE_BURST as usize);
+        // Another address has its own bucket; the same /64 shares one.
+        assert!(d.munge_allowed(b, t0));
+        let same64 = (0..20).filter(|_| d.munge_allowed(b2, t0)).count();
+        assert_eq!(same64, MUNGE_BURST as usize - 1);
+        // A second later, MUNGE_PER_SEC more.
+        let later = t0 + Duration::from_secs(1);
+        let refill = (0..20).filter(|_| d.munge_allowed(a, later)).count();
+        assert_eq!(refill, MUNGE_PER_SEC as usize);
+    }
+
+    #[test]
+    fn a_full_door_closes_its_oldest_waiting_connection_and_waits_for_its_thread() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = l.local_addr().unwrap();
+        let d = door();
+        let kept = std::cell::RefCell::new(vec![]);
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let enter = |conn: Conn, from: &str, now: Instant| {
+            let c = TcpStream::connect(at).unwrap();
+            let (s, _) = l.accept().unwrap();
+            let ok = d.enter(conn, ip(from), &s, now);
+            kept.borrow_mut().push(c);
+            ok
+        };
+        // A thread of the door that ends `after` (as one does once its socket is shut).
+        let ends = |conn: Conn, from: &'static str| {
+            let d = d.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                d.leave(conn, from.parse().unwrap());
+            })
+        };
+        let t0 = Instant::now();
+        for c in 0..MAX_WAITING_PER_ADDR {
+            assert!(enter(c as Conn, "10.0.0.1", t0));
+        }
+        // The address is full: a newcomer from it is told Busy at once
+        // while its oldest has not had its stay (a flood churns nothing).
+        let t = Instant::now();
+        assert!(!enter(100, "10.0.0.1", t0));
+        assert!(t.elapsed() < MAKE_ROOM);
+        // Once it has, the newcomer closes it and waits for its thread;
+        // where that never ends, no room is made.
+        let t1 = t0 + DOOR_MIN_STAY;
+        let t = Instant::now();
+        assert!(!enter(101, "10.0.0.1", t1));
+        assert!(t.elapsed() >= MAKE_ROOM);
+        let closed = |c: &TcpStream| {
+            let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+            matches!(std::io::Read::read(&mut &*c, &mut [0u8; 1]), Ok(0) | Err(_))
+        };
+        assert!(
+            closed(&kept.borrow()[0]),
+            "the oldest of 10.0.0.1 was closed"
+        );
+        let e = ends(0, "10.0.0.1");
+        assert!(
+            enter(102, "10.0.0.1", t1),
+            "room made once its thread ended"
+        );
+        e.join().unwrap();
+        {
+            let w = d.lock();
+            assert_eq!(w.conns.len(), MAX_WAITING_PER_ADDR);
+            assert!(!w.conns.contains_key(&0) && w.conns.contains_key(&1));
+        }
+        // The whole door, full.
+        for i in 0..(MAX_WAITING - MAX_WAITING_PER_ADDR) {
+            assert!(enter(200 + i as Conn, &format!("10.0.1.{i}"), t1));
+        }
+        // From an address already there: Busy while the oldest is young...
+        assert!(!enter(300, "10.0.1.0", t0));
+        // ...but from one with none there, the oldest of all goes at once.
+        let e = ends(1, "10.0.0.1");
+        assert!(enter(301, "10.0.2.1", t0));
+        e.join().unwrap();
+        let w = d.lock();
+        assert_eq!(w.conns.len(), MAX_WAITING);
+        assert!(!w.conns.contains_key(&1), "the oldest at the door went");
+        assert_eq!(w.all_threads, MAX_WAITING);
     }
 }
