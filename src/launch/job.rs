@@ -26,8 +26,8 @@ pub(crate) fn dry_run(s: &RunSettings) -> Result<String, JobError> {
 /// Run the job to its end and return its exit code: 0, the first failing
 /// rank's own (128+N for a signal), 3 when a log was lost.
 pub(crate) fn run(s: &RunSettings) -> Result<i32, JobError> {
-    super::threads_work()?;
     if let Some(c) = &s.cluster {
+        super::threads_work()?;
         return super::cluster::rounds::run(s, c);
     }
     let mut launches = node_launches(&s.plan, &s.command, &s.master_addr, s.master_port, &s.role)?;

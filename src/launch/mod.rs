@@ -269,16 +269,21 @@ pub(crate) fn check_placements(launches: &[RankLaunch]) -> Result<(), LaunchErro
     }
     let (tid_tx, tid_rx) = std::sync::mpsc::channel();
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-    let helper = std::thread::spawn(move || {
-        // SAFETY: plain query.
-        let _ = tid_tx.send(unsafe { libc::syscall(libc::SYS_gettid) } as libc::pid_t);
-        let _ = go_rx.recv();
-        mems.iter().find_map(|(i, (mode, nodes))| {
-            os::set_mempolicy_raw(*mode, nodes)
-                .err()
-                .map(|e| (*i, "set_mempolicy", e))
+    // The launch's first thread: where none can start (see `threads_work`),
+    // this is where it is said.
+    let helper = std::thread::Builder::new()
+        .stack_size(64 << 10)
+        .spawn(move || {
+            // SAFETY: plain query.
+            let _ = tid_tx.send(unsafe { libc::syscall(libc::SYS_gettid) } as libc::pid_t);
+            let _ = go_rx.recv();
+            mems.iter().find_map(|(i, (mode, nodes))| {
+                os::set_mempolicy_raw(*mode, nodes)
+                    .err()
+                    .map(|e| (*i, "set_mempolicy", e))
+            })
         })
-    });
+        .map_err(LaunchError::Threads)?;
     let refused_cpus = match tid_rx.recv() {
         Ok(tid) => cpus.iter().find_map(|(i, w)| {
             os::set_task_affinity(tid, w)

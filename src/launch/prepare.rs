@@ -138,6 +138,7 @@ pub(crate) fn check_bindings(
 ) -> Result<Option<String>, PrepareError> {
     match check_placements(launches) {
         Ok(()) => Ok(None),
+        Err(e @ LaunchError::Threads(_)) => Err(e.into()),
         Err(e) if allow_unbound => {
             for l in launches {
                 l.placement = Default::default();

@@ -153,6 +153,13 @@ pub(crate) unsafe fn raw(nr: libc::c_long, a: [usize; 4]) -> isize {
 /// sigaction will not show), and SIGPIPE (which we ignore and a rank must
 /// not: `Command` restores it the same way), as the kernel has them.
 pub(crate) fn handled_signals() -> Vec<i32> {
+    // Asked once: the watchdog and every birth of the process see the same
+    // handlers (ours are set before the first launch and never change).
+    static HANDLED: std::sync::OnceLock<Vec<i32>> = std::sync::OnceLock::new();
+    HANDLED.get_or_init(ask_handled).clone()
+}
+
+fn ask_handled() -> Vec<i32> {
     let mut out = vec![libc::SIGPIPE];
     for sig in 1..=64 {
         if matches!(sig, libc::SIGKILL | libc::SIGSTOP | libc::SIGPIPE) {
