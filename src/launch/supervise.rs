@@ -188,10 +188,10 @@ fn widen_pipe(f: &File) {
     };
 }
 
-/// Start a rank: born sharing our memory (no copy of us), in the job's cgroup
-/// if there is one (no migration to wait for); its exec is waited for later,
-/// so births overlap. Where the kernel refuses, forked (and moved into the
-/// cgroup before exec).
+/// Start a rank: born by clone3 (a fork with raw syscalls until its exec),
+/// in the job's cgroup if there is one (no migration to wait for); its exec
+/// is waited for later, so births overlap. Where the kernel refuses, forked
+/// by `Command` (and moved into the cgroup before exec, where it may be).
 fn spawn_rank(
     r: &RankLaunch,
     parent: i32,
