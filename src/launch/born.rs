@@ -75,18 +75,7 @@ fn environment(remove: &[String], set: &BTreeMap<String, String>) -> std::io::Re
 /// Can ranks be born in the cgroup whose directory is `cgroup`? A child
 /// that exits at once, reaped here (for the dry run, before any rank).
 pub(crate) fn probe(cgroup: RawFd) -> Result<(), std::io::Error> {
-    match vm::fork(Some(cgroup))? {
-        0 => {
-            // SAFETY: the child leaves at once without running destructors.
-            unsafe { libc::_exit(0) }
-        }
-        pid => {
-            let mut st = 0;
-            // SAFETY: our own child.
-            unsafe { libc::waitpid(pid, &mut st, 0) };
-            Ok(())
-        }
-    }
+    vm::in_child(Some(cgroup), || 0)
 }
 
 /// Set once clone3 was refused with no cgroup asked for (an old kernel, a

@@ -95,33 +95,15 @@ const JOINS: u8 = 1;
 const NONE: u8 = 2;
 
 /// Can a process be moved into the cgroup whose `cgroup.procs` is `procs`?
-/// A child of ours tries (raw syscalls only) and exits with the errno.
+/// A child of ours tries.
 fn join_probe(procs: RawFd) -> std::io::Result<()> {
-    match vm::fork(None)? {
-        0 => {
-            // SAFETY: raw syscalls in the forked child, on static bytes.
-            unsafe {
-                let r = vm::raw(
-                    libc::SYS_write,
-                    [procs as usize, b"0".as_ptr() as usize, 1, 0],
-                );
-                let code = if r < 0 { -r as usize } else { 0 };
-                loop {
-                    vm::raw(libc::SYS_exit_group, [code, 0, 0, 0]);
-                }
-            }
-        }
-        pid => {
-            let mut st = 0;
-            // SAFETY: our own child.
-            unsafe { libc::waitpid(pid, &mut st, 0) };
-            match libc::WIFEXITED(st).then(|| libc::WEXITSTATUS(st)) {
-                Some(0) => Ok(()),
-                Some(errno) => Err(std::io::Error::from_raw_os_error(errno)),
-                None => Err(std::io::Error::other("the probe child died")),
-            }
-        }
-    }
+    // SAFETY: a write of static bytes, in the forked child.
+    vm::in_child(None, || unsafe {
+        vm::raw(
+            libc::SYS_write,
+            [procs as usize, b"0".as_ptr() as usize, 1, 0],
+        )
+    })
 }
 
 impl JobCgroup {

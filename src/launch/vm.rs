@@ -110,6 +110,35 @@ pub(crate) fn fork(cgroup: Option<RawFd>) -> std::io::Result<i32> {
     Ok(pid as i32)
 }
 
+/// Does `action` succeed in a child of ours (in `cgroup` from birth, if
+/// given)? The child runs it (a raw syscall: its result or -errno) and exits
+/// with the errno; the parent reaps it and says. For probes, before any rank.
+pub(crate) fn in_child(
+    cgroup: Option<RawFd>,
+    action: impl FnOnce() -> isize,
+) -> std::io::Result<()> {
+    match fork(cgroup)? {
+        0 => {
+            let r = action();
+            let code = if r < 0 { -r as usize } else { 0 };
+            loop {
+                // SAFETY: leaving the forked child without running anything of ours.
+                unsafe { raw(libc::SYS_exit_group, [code, 0, 0, 0]) };
+            }
+        }
+        pid => {
+            let mut st = 0;
+            // SAFETY: our own child.
+            unsafe { libc::waitpid(pid, &mut st, 0) };
+            match libc::WIFEXITED(st).then(|| libc::WEXITSTATUS(st)) {
+                Some(0) => Ok(()),
+                Some(errno) => Err(std::io::Error::from_raw_os_error(errno)),
+                None => Err(std::io::Error::other("the probe child died")),
+            }
+        }
+    }
+}
+
 /// A close-on-exec pipe: (read end, write end).
 pub(crate) fn pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
     use std::os::fd::{FromRawFd, OwnedFd};

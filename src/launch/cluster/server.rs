@@ -151,7 +151,6 @@ struct Door {
 #[derive(Default)]
 struct Waiting {
     conns: BTreeMap<Conn, (IpAddr, TcpStream, Instant)>,
-    per_addr: HashMap<IpAddr, usize>,
     threads: HashMap<IpAddr, usize>,
     all_threads: usize,
 }
@@ -166,14 +165,12 @@ pub(crate) const DOOR_MIN_STAY: Duration = Duration::from_secs(1);
 
 impl Waiting {
     fn remove(&mut self, conn: Conn) -> Option<TcpStream> {
-        let (group, s, _) = self.conns.remove(&conn)?;
-        if let Some(n) = self.per_addr.get_mut(&group) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_addr.remove(&group);
-            }
-        }
-        Some(s)
+        self.conns.remove(&conn).map(|(_, s, _)| s)
+    }
+
+    /// Connections of `group` at the door (at most `MAX_WAITING` to count).
+    fn of(&self, group: IpAddr) -> usize {
+        self.conns.values().filter(|(g, _, _)| *g == group).count()
     }
 }
 
@@ -205,7 +202,7 @@ impl Door {
     fn enter(&self, conn: Conn, ip: IpAddr, s: &TcpStream, now: Instant) -> bool {
         let group = addr_group(ip);
         let mut w = self.lock();
-        let here = w.per_addr.get(&group).copied().unwrap_or(0);
+        let here = w.of(group);
         let stayed = |at: &Instant| now.saturating_duration_since(*at) >= DOOR_MIN_STAY;
         let (room, push_out) = if here >= MAX_WAITING_PER_ADDR {
             let first = w.conns.iter().find(|(_, (g, _, _))| *g == group);
@@ -244,7 +241,6 @@ impl Door {
                 .0;
         }
         w.conns.insert(conn, (group, handle, now));
-        *w.per_addr.entry(group).or_insert(0) += 1;
         *w.threads.entry(group).or_insert(0) += 1;
         w.all_threads += 1;
         true
