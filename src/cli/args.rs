@@ -65,7 +65,7 @@ pub(crate) struct SourceArgs {
     /// Read an hwloc v2 XML export (lstopo --of xml)
     #[arg(long, value_name = "FILE.xml", conflicts_with = "synthetic")]
     pub topology: Option<PathBuf>,
-    /// Describe a machine: "package:2 numa:2 l3:2 core:8 pu:2 gpu:4" (see README)
+    /// Describe a machine: "package:2 numa:2 l3:2 core:8 pu:2 gpu:4" (see docs/topo.md)
     #[arg(long, value_name = "DESC")]
     pub synthetic: Option<String>,
 }
@@ -154,7 +154,7 @@ pub(crate) struct PlanArgs {
     /// Allow more ranks than cores (or GPUs): share them round-robin
     #[arg(long)]
     pub oversubscribe: bool,
-    /// Also set OMP_PROC_BIND=close OMP_PLACES=cores (pins the main thread: see README)
+    /// Also set OMP_PROC_BIND=close OMP_PLACES=cores (pins the main thread: see docs/plan.md)
     #[arg(long)]
     pub omp_bind: bool,
     /// How idle OpenMP threads wait: OMP_WAIT_POLICY, GOMP_SPINCOUNT, KMP_BLOCKTIME

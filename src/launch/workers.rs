@@ -14,7 +14,7 @@
 //! Limits: a new worker runs up to one tick on the rank's CPUs before it is
 //! caught; under `bind` (which execs the rank and leaves nothing behind) no one
 //! moves workers: they inherit the rank's mask unless the script applies
-//! THREADWISE_WORKER_CPUS itself (see the README).
+//! THREADWISE_WORKER_CPUS itself (see docs/run.md).
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! The default throughput reader: the rates real training clients print, in
 //! their own shapes, without ever taking a number that belongs to another key.
 //!
-//! Rules (also in the README):
+//! Rules (also in docs/tune.md):
 //! 1. A rate is either a rate key with its value (`img/s: 52.3`, `img/s=116.4`,
 //!    `'train_samples_per_second': 41.5`, `train_samples_per_second =  41.5`,
 //!    `RunningAvgSamplesPerSec=27.9`), or a number directly followed by a rate

@@ -15,7 +15,7 @@ use super::{TrialEnd, TuneConfig};
 /// The default search drops, after its first measured round, a configuration
 /// whose trial is below this fraction of the round's best: a factor of two is
 /// more than one trial moved between rounds in any measurement behind the
-/// README (1.5 at most).
+/// docs/tune.md (1.5 at most).
 pub(crate) const FIRST_ROUND_CUT: f64 = 0.5;
 
 /// Halving's second-round cut: a configuration below this fraction of the

@@ -2,7 +2,7 @@
 //! (rounds, shuffled orders, halving, the close pair's extra rounds, paired
 //! intervals, ties, drift) fed by a runner whose throughput is a true speed
 //! per configuration x the machine's speed at that moment x log-normal noise.
-//! Thousands of seeded scenarios in seconds; the rates the README quotes.
+//! Thousands of seeded scenarios in seconds; the rates docs/tune.md quotes.
 
 use std::collections::HashMap;
 use std::time::Duration;
