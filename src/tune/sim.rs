@@ -45,10 +45,13 @@ pub(super) enum Drift {
     Walk,
 }
 
-/// A machine: its speed per trial (in the order trials run) and the noise.
+/// A machine: its speed per trial (in the order trials run) and the noise:
+/// `sigma` of each trial's true rate, `line` of the line it is read from
+/// (a rate printed over a window has its own noise), printed to 0.1.
 struct Machine {
     speeds: Vec<f64>,
     sigma: f64,
+    line: f64,
 }
 
 impl Machine {
@@ -75,7 +78,11 @@ impl Machine {
                     .collect()
             }
         };
-        Machine { speeds, sigma }
+        Machine {
+            speeds,
+            sigma,
+            line: 0.0,
+        }
     }
 }
 
@@ -91,11 +98,13 @@ impl TrialRunner for SimRunner {
     fn run(&mut self, c: &TuneConfig, metric: &Metric) -> TrialOutcome {
         let at = self.trials.min(self.machine.speeds.len() - 1);
         self.trials += 1;
-        let v = self.truth[&c.name]
+        let v = 100.0
+            * self.truth[&c.name]
             * self.machine.speeds[at]
-            * (self.machine.sigma * self.rng.normal()).exp();
+            * (self.machine.sigma * self.rng.normal()).exp()
+            * (self.machine.line * self.rng.normal()).exp();
         TrialOutcome {
-            hit: metric.scan(0, &format!("threadwise: throughput={v} img/s")),
+            hit: metric.scan(0, &format!("threadwise: throughput={v:.1} img/s")),
             wall: Duration::from_secs(2),
             cpu: Duration::from_secs(2),
             outside_cpu: Some(Duration::from_millis(20)),
@@ -105,12 +114,44 @@ impl TrialRunner for SimRunner {
     }
 }
 
+/// What a simulated tune is made of.
+pub(super) struct Spec<'a> {
+    /// (name, true speed, role).
+    pub configs: &'a [(&'a str, f64, Role)],
+    pub drift: Drift,
+    /// Each trial's noise (log-normal sigma), drawn per tune from this range.
+    pub sigma: (f64, f64),
+    /// The noise of the line the rate is read from (log-normal sigma).
+    pub line: f64,
+    pub runs: usize,
+}
+
+impl<'a> Spec<'a> {
+    /// The first simulation's machine: sigma 0.05-0.15, no line noise, 5 rounds.
+    pub(super) fn old(configs: &'a [(&'a str, f64, Role)], drift: Drift) -> Spec<'a> {
+        Spec {
+            configs,
+            drift,
+            sigma: (0.05, 0.15),
+            line: 0.0,
+            runs: 5,
+        }
+    }
+}
+
 /// One seeded tune over `configs` (name, true speed, role) on `drift`.
 pub(super) fn scenario(seed: u64, configs: &[(&str, f64, Role)], drift: Drift) -> TuneReport {
+    simulate(seed, &Spec::old(configs, drift))
+}
+
+/// One seeded tune of `spec`.
+pub(super) fn simulate(seed: u64, spec: &Spec) -> TuneReport {
     let mut rng = Rng(seed);
-    let sigma = 0.05 + 0.10 * rng.unit();
-    let runs = 5;
-    let machine = Machine::new(drift, configs.len() * runs, sigma, &mut rng);
+    let sigma = spec.sigma.0 + (spec.sigma.1 - spec.sigma.0) * rng.unit();
+    let runs = spec.runs;
+    let configs = spec.configs;
+    let mut machine = Machine::new(spec.drift, configs.len() * runs, sigma, &mut rng);
+    machine.line = spec.line;
     let cs: Vec<TuneConfig> = configs
         .iter()
         .map(|(name, _, role)| TuneConfig {
@@ -168,6 +209,102 @@ pub(super) fn rate(
     good as f64 / seeds as f64
 }
 
+/// The issue-44 grid: `unset`, then threads=1 and threads=2 under two wait
+/// policies that change nothing (two A/A pairs); threads=2 is `slower` times
+/// threads=1's speed.
+pub(super) fn grid(slower: f64) -> [(&'static str, f64, Role); 5] {
+    [
+        ("unset", 0.7, Role::Baseline),
+        ("t1-active", 1.0, Role::GridPoint),
+        ("t1-passive", 1.0, Role::GridPoint),
+        ("t2-active", slower, Role::GridPoint),
+        ("t2-passive", slower, Role::GridPoint),
+    ]
+}
+
+/// What a batch of grid tunes showed.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct GridFigures {
+    pub tunes: usize,
+    /// The winner is a threads=1 row.
+    pub winner_right: usize,
+    /// threads=2 rows against the winner: called slower, of `comparisons`.
+    pub slower_called: usize,
+    pub comparisons: usize,
+    /// The other threads=1 row called different from the winner.
+    pub aa_different: usize,
+    pub drift_reported: usize,
+    /// Trials run, all tunes together.
+    pub trials: usize,
+}
+
+impl GridFigures {
+    pub(super) fn called(&self) -> f64 {
+        self.slower_called as f64 / self.comparisons.max(1) as f64
+    }
+    pub(super) fn aa(&self) -> f64 {
+        self.aa_different as f64 / self.tunes.max(1) as f64
+    }
+    pub(super) fn drift(&self) -> f64 {
+        self.drift_reported as f64 / self.tunes.max(1) as f64
+    }
+    pub(super) fn right(&self) -> f64 {
+        self.winner_right as f64 / self.tunes.max(1) as f64
+    }
+    pub(super) fn trials_per_tune(&self) -> f64 {
+        self.trials as f64 / self.tunes.max(1) as f64
+    }
+}
+
+/// `seeds` tunes of the grid with threads=2 at `slower`, trial noise 3-10%,
+/// a line noise of 2%, on `drift`.
+pub(super) fn grid_figures(seeds: u64, slower: f64, drift: Drift) -> GridFigures {
+    use crate::tune::stats::Verdict;
+    let configs = grid(slower);
+    let spec = Spec {
+        configs: &configs,
+        drift,
+        sigma: (0.03, 0.10),
+        line: 0.02,
+        runs: 5,
+    };
+    let mut f = GridFigures::default();
+    for seed in 0..seeds {
+        let r = simulate(seed * 104_729 + 17, &spec);
+        f.tunes += 1;
+        f.trials += r.configs.iter().map(|c| c.trials.len()).sum::<usize>();
+        f.drift_reported += usize::from(r.drift.is_some());
+        let w = r.winner.as_deref().unwrap_or("");
+        if w.starts_with("t1") {
+            f.winner_right += 1;
+            let other = if w == "t1-active" {
+                "t1-passive"
+            } else {
+                "t1-active"
+            };
+            let verdict = |name: &str| {
+                r.configs
+                    .iter()
+                    .find(|c| c.name == name)
+                    .and_then(|c| c.vs_winner.as_ref())
+                    .map(|p| p.verdict())
+            };
+            if verdict(other).is_some_and(|v| v != Verdict::NotDistinguishable) {
+                f.aa_different += 1;
+            }
+            for t2 in ["t2-active", "t2-passive"] {
+                f.comparisons += 1;
+                if verdict(t2) == Some(Verdict::Slower) {
+                    f.slower_called += 1;
+                }
+            }
+        } else {
+            f.comparisons += 2;
+        }
+    }
+    f
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,6 +359,30 @@ mod tests {
         });
         eprintln!("A/A not distinguishable: {:.1}%", same * 100.0);
         assert!(same >= 0.95, "{same}");
+    }
+
+    /// The figures docs/tune.md quotes, 1,000 tunes each:
+    /// `cargo test --release --lib grid_figures -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn grid_figures_for_the_docs() {
+        for (what, slower, drift) in [
+            ("20%, steady", 1.0 / 1.2, Drift::Steady),
+            ("20%, 1.5x step", 1.0 / 1.2, Drift::Step),
+            ("10%, steady", 1.0 / 1.1, Drift::Steady),
+            ("10%, 1.5x step", 1.0 / 1.1, Drift::Step),
+        ] {
+            let f = grid_figures(1000, slower, drift);
+            eprintln!(
+                "{what}: threads=2 called slower {:.1}%, A/A called different {:.1}%, \
+                 winner right {:.1}%, drift reported {:.1}%, {:.1} trials per tune",
+                f.called() * 100.0,
+                f.aa() * 100.0,
+                f.right() * 100.0,
+                f.drift() * 100.0,
+                f.trials_per_tune()
+            );
+        }
     }
 
     #[test]
