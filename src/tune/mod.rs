@@ -7,6 +7,7 @@
 //! launching ranks through `launch`), `export` (report files).
 
 pub(crate) mod export;
+mod fit;
 pub(crate) mod grid;
 mod model;
 mod outcome;

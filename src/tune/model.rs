@@ -206,7 +206,7 @@ impl std::fmt::Display for Warning {
             }
             Warning::Drift { ratio } => write!(
                 f,
-                "the machine's speed moved {ratio:.2}x during this tune; speed-ups are paired per round"
+                "the machine's speed moved {ratio:.2}x during this tune; each round is a block of the model, so the move cancels"
             ),
             Warning::GpuShared { trials, others } => {
                 let shown: Vec<&str> = others.iter().take(4).map(String::as_str).collect();
@@ -242,16 +242,6 @@ pub(crate) enum Mark {
     /// Its range overlaps the winner's: the data cannot tell them apart.
     NotDistinguishable,
     None,
-}
-
-impl Mark {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Mark::Winner => "winner",
-            Mark::NotDistinguishable => "not distinguishable",
-            Mark::None => "",
-        }
-    }
 }
 
 /// One measured trial, as reported.
@@ -303,6 +293,11 @@ pub(crate) struct Trial {
     /// disturbance above DISTURBED.
     #[serde(default)]
     pub disturbed: bool,
+    /// Its weight in the model's robust fit (1: fully counted; below 1: a
+    /// trial far from what its round and configuration predict); None
+    /// outside the fit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<f64>,
 }
 
 /// A trial is disturbed when something outside the job took more than this
@@ -366,6 +361,13 @@ pub(crate) struct ConfigResult {
     /// Its first trial was more than 10% below the median of the others.
     #[serde(default)]
     pub slow_first_trial: bool,
+    /// Rounds it ran beyond --runs because its verdict against the winner
+    /// was undecided (or because it was the winner those rows needed).
+    #[serde(default)]
+    pub extra_rounds: usize,
+    /// Why it got them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_why: Option<String>,
     pub trials: Vec<Trial>,
 }
 
@@ -404,6 +406,30 @@ pub(crate) struct TuneReport {
     /// Multi-node: the hosts that took part, by node rank.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<String>,
+    /// The model every interval and verdict came from.
+    #[serde(default)]
+    pub analysis: Option<Analysis>,
+}
+
+/// The model behind the intervals, as the report states it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Analysis {
+    /// In words: "log throughput = round + configuration + noise ...".
+    pub model: String,
+    /// Scored trials in the fit.
+    pub trials: usize,
+    /// Residual degrees of freedom (trials less blocks less configurations
+    /// plus one).
+    pub df: usize,
+    /// The noise of one trial, as a fraction (exp(sigma) - 1).
+    pub noise: Option<f64>,
+    /// Trials the robust fit gave a weight below 1/2.
+    pub down_weighted: usize,
+    /// Rounds split in two blocks at the machine's step.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub split_rounds: Vec<usize>,
+    /// How the level of each look was set.
+    pub correction: String,
 }
 
 impl TuneReport {
@@ -493,6 +519,8 @@ impl ConfigResult {
             same_launch: vec![],
             read_from: None,
             slow_first_trial: false,
+            extra_rounds: 0,
+            extra_why: None,
             trials: vec![],
         }
     }
@@ -525,5 +553,6 @@ pub(crate) fn new_report(
         tie: None,
         drift: None,
         hosts: vec![],
+        analysis: None,
     }
 }

@@ -1,9 +1,10 @@
 //! Trials into figures: one launch's outcome classified once into a reported
 //! trial, then every configuration's summaries, speed-ups and the winner.
 
+use super::fit;
 use super::model::{
-    ConfigResult, DISTURBED, MetricSource, NodeSummary, NodeTrial, Tie, TrialEnd, TrialOutcome,
-    TrialStatus, TuneReport, Warning,
+    Analysis, ConfigResult, DISTURBED, MetricSource, NodeSummary, NodeTrial, Tie, TrialEnd,
+    TrialOutcome, TrialStatus, TuneReport, Warning,
 };
 use super::stats::{self, Verdict, summarize};
 use super::{Trial, TuneConfig};
@@ -112,6 +113,7 @@ pub(super) fn trial(
         steal_s,
         disturbance,
         disturbed: disturbance.is_some_and(|d| d > DISTURBED),
+        weight: None,
     }
 }
 
@@ -218,15 +220,40 @@ pub(super) fn by_round(c: &ConfigResult, skip_disturbed: bool) -> Vec<Option<f64
     v
 }
 
-/// Paired speed-ups against the reference, the winner (ties chosen by rule),
-/// each configuration against the winner, and drift.
+/// Speed-ups against the reference, the winner (ties chosen by rule), each
+/// configuration against the winner, and drift: every interval from one
+/// model of the whole table (`fit`), the per-round ratios kept beside it.
 fn compare(report: &mut TuneReport) {
     let level = report.interval_level;
     let rounds: Vec<Vec<Option<f64>>> = report.configs.iter().map(|c| by_round(c, false)).collect();
     let reference = report.index_of(report.baseline.as_ref());
-    for (i, c) in report.configs.iter_mut().enumerate() {
-        let p = reference.and_then(|r| stats::paired(&rounds[i], &rounds[r], level));
-        c.speedup = p.as_ref().map(|p| p.median);
+    let (step, reported) = machine_drift(report);
+    let model = model(report, step);
+    // a against b: the rounds' ratios, the model's estimate and interval
+    // (the paired t-interval where the model cannot compare them).
+    let cmp = |a: usize, b: usize| -> Option<stats::Paired> {
+        let contrast = model.as_ref().and_then(|f| f.contrast(a, b, level));
+        match (stats::paired(&rounds[a], &rounds[b], level), contrast) {
+            (Some(p), Some(c)) => Some(stats::Paired {
+                low: c.low,
+                high: c.high,
+                estimate: Some(c.estimate),
+                ..p
+            }),
+            (None, Some(c)) => Some(stats::Paired {
+                ratios: vec![],
+                median: c.estimate,
+                low: c.low,
+                high: c.high,
+                estimate: Some(c.estimate),
+            }),
+            (p, None) => p,
+        }
+    };
+    for i in 0..report.configs.len() {
+        let p = reference.and_then(|r| cmp(i, r));
+        let c = &mut report.configs[i];
+        c.speedup = p.as_ref().map(|p| p.estimate.unwrap_or(p.median));
         c.speedup_low = p.as_ref().map(|p| p.low).filter(|x| *x > 0.0);
         c.speedup_high = p.as_ref().map(|p| p.high).filter(|x| x.is_finite());
         for t in &mut c.trials {
@@ -237,22 +264,22 @@ fn compare(report: &mut TuneReport) {
             };
         }
     }
-    let Some(winner) = choose_winner(report, &rounds, reference.is_some()) else {
+    let effects: Option<Vec<Option<f64>>> = model.as_ref().map(|f| f.effects.clone());
+    let Some(winner) = choose_winner(report, effects.as_deref(), reference.is_some(), &cmp) else {
         report.winner = None;
         report.tie = None;
         return;
     };
-    for (i, c) in report.configs.iter_mut().enumerate() {
-        c.vs_winner = (i != winner)
-            .then(|| stats::paired(&rounds[i], &rounds[winner], level))
-            .flatten();
-        // One round beside the winner is no interval: no mark either way.
-        c.indistinguishable_from_winner = c
-            .vs_winner
+    for i in 0..report.configs.len() {
+        let p = (i != winner).then(|| cmp(i, winner)).flatten();
+        let c = &mut report.configs[i];
+        // One round beside the winner: no mark either way.
+        c.indistinguishable_from_winner = p
             .as_ref()
             .is_some_and(|p| p.ratios.len() >= 2 && p.verdict() == Verdict::NotDistinguishable);
+        c.vs_winner = p;
     }
-    report.drift = machine_drift(report);
+    report.drift = reported;
     report
         .warnings
         .retain(|w| !matches!(w, Warning::Drift { .. }));
@@ -262,31 +289,125 @@ fn compare(report: &mut TuneReport) {
     gpu_shared_warning(report);
 }
 
+/// What the report says of the model.
+pub(super) const MODEL: &str = "log throughput = round + configuration + noise \
+     (a randomized complete block design), Huber-weighted";
+
+/// A step smaller than this is noise to the model: no round is split for it.
+const MODEL_STEP: f64 = 1.05;
+
+/// The model over every scored trial: each round a block, a round that
+/// straddles `step` two blocks. Writes each trial's weight and the report's
+/// analysis.
+fn model(report: &mut TuneReport, step: Option<stats::Drift>) -> Option<fit::Fit> {
+    let mut obs = vec![];
+    let mut at = vec![];
+    // Rounds with scored trials on both sides of the step.
+    let mut sides: std::collections::HashMap<usize, (bool, bool)> = Default::default();
+    for c in &report.configs {
+        for t in c.trials.iter().filter(|t| scored(t)) {
+            if let Some(s) = step {
+                let e = sides.entry(t.round).or_default();
+                if t.seq < s.at_trial {
+                    e.0 = true;
+                } else {
+                    e.1 = true;
+                }
+            }
+        }
+    }
+    let mut split: Vec<usize> = sides
+        .iter()
+        .filter(|(_, (a, b))| *a && *b)
+        .map(|(r, _)| *r)
+        .collect();
+    split.sort_unstable();
+    for (ci, c) in report.configs.iter().enumerate() {
+        for (ti, t) in c.trials.iter().enumerate() {
+            if !scored(t) {
+                continue;
+            }
+            let after = step.is_some_and(|s| t.seq >= s.at_trial) && split.contains(&t.round);
+            obs.push(fit::Obs {
+                config: ci,
+                block: 2 * t.round + usize::from(after),
+                y: t.throughput.unwrap_or(1.0).ln(),
+            });
+            at.push((ci, ti));
+        }
+    }
+    for c in &mut report.configs {
+        for t in &mut c.trials {
+            t.weight = None;
+        }
+    }
+    let f = fit::fit(&obs, report.configs.len());
+    let Some(f) = f else {
+        report.analysis = None;
+        return None;
+    };
+    let mut down = 0;
+    for (&(ci, ti), w) in at.iter().zip(&f.weights) {
+        report.configs[ci].trials[ti].weight = *w;
+        down += usize::from(w.is_some_and(|w| w < 0.5));
+    }
+    let looks = ((1.0 - report.interval_level) / 0.05)
+        .recip()
+        .round()
+        .max(1.0) as usize;
+    report.analysis = Some(Analysis {
+        model: MODEL.into(),
+        trials: f.n,
+        df: f.df,
+        noise: f.sigma.is_finite().then(|| f.sigma.exp() - 1.0),
+        down_weighted: down,
+        split_rounds: split,
+        correction: if looks > 1 {
+            format!(
+                "Bonferroni over {looks} looks: each interval at {:.2}%",
+                report.interval_level * 100.0
+            )
+        } else {
+            format!(
+                "one look: each interval at {:.0}%",
+                report.interval_level * 100.0
+            )
+        },
+    });
+    Some(f)
+}
+
+/// Scored: it ran, printed a positive throughput.
+fn scored(t: &Trial) -> bool {
+    t.status == TrialStatus::Ok && t.throughput.is_some_and(|x| x > 0.0)
+}
+
 /// The winner's index, the tie (if any) written into the report.
 ///
-/// The leader: the highest speed-up (without a reference, median) among
-/// configurations still measured; a dropped one lost when both had as many
-/// trials, and is only a candidate when nothing else is. Tied with the
-/// leader: measured beside it in two rounds at least (a configuration that
-/// never was cannot be compared) and its paired interval holds 1.00; the
-/// tie rule picks among them.
+/// The leader: the highest effect in the model (without one, the highest
+/// speed-up, or median without a reference) among configurations still
+/// measured; a dropped one lost when both had as many trials, and is only a
+/// candidate when nothing else is. Tied with the leader: measured beside it
+/// in two rounds at least (a configuration that never was cannot be
+/// compared) and its interval holds 1.00; the tie rule picks among them.
 fn choose_winner(
     report: &mut TuneReport,
-    rounds: &[Vec<Option<f64>>],
+    effects: Option<&[Option<f64>]>,
     has_reference: bool,
+    cmp: &dyn Fn(usize, usize) -> Option<stats::Paired>,
 ) -> Option<usize> {
-    let level = report.interval_level;
-    let score = |c: &ConfigResult| {
-        if has_reference {
-            c.speedup
-        } else {
-            c.throughput.map(|t| t.median)
+    let score = |i: usize| {
+        let c = &report.configs[i];
+        match effects {
+            Some(e) => e[i],
+            None if has_reference => c.speedup,
+            None => c.throughput.map(|t| t.median),
         }
     };
     let best = |dropped_too: bool| {
         (0..report.configs.len())
             .filter(|&i| dropped_too || report.configs[i].dropped_after_round.is_none())
-            .filter_map(|i| Some((i, score(&report.configs[i])?)))
+            .filter_map(|i| Some((i, score(i)?)))
             .max_by(|a, b| a.1.total_cmp(&b.1))
             .map(|(i, _)| i)
     };
@@ -295,15 +416,15 @@ fn choose_winner(
         .filter(|&i| {
             i == leader
                 || (report.configs[i].dropped_after_round.is_none()
-                    && stats::paired(&rounds[i], &rounds[leader], level).is_some_and(|p| {
+                    && cmp(i, leader).is_some_and(|p| {
                         p.ratios.len() >= 2 && p.verdict() == Verdict::NotDistinguishable
                     }))
         })
         .collect();
     tied.sort_by(|&a, &b| {
         let (ca, cb) = (&report.configs[a], &report.configs[b]);
-        (ca.role.tie_rank(), score(cb).unwrap_or(0.0))
-            .partial_cmp(&(cb.role.tie_rank(), score(ca).unwrap_or(0.0)))
+        (ca.role.tie_rank(), score(b).unwrap_or(f64::MIN))
+            .partial_cmp(&(cb.role.tie_rank(), score(a).unwrap_or(f64::MIN)))
             .unwrap_or(std::cmp::Ordering::Equal)
     });
     let winner = tied[0];
@@ -349,14 +470,13 @@ pub(super) const DRIFT_REPORTED: f64 = 1.2;
 
 /// A change in the machine's speed, from every scored trial: its log
 /// throughput less its configuration's mean, in the order the trials ran.
-fn machine_drift(report: &TuneReport) -> Option<stats::Drift> {
+/// The change the model takes out (at least MODEL_STEP), and the one the
+/// report states (at least DRIFT_REPORTED); `at_trial` is the `seq` of the
+/// first trial after it.
+fn machine_drift(report: &TuneReport) -> (Option<stats::Drift>, Option<stats::Drift>) {
     let mut points: Vec<(usize, f64)> = vec![];
     for c in &report.configs {
-        let scored: Vec<&Trial> = c
-            .trials
-            .iter()
-            .filter(|t| t.status == TrialStatus::Ok && t.throughput.is_some_and(|x| x > 0.0))
-            .collect();
+        let scored: Vec<&Trial> = c.trials.iter().filter(|t| scored(t)).collect();
         if scored.len() < 2 {
             continue;
         }
@@ -368,6 +488,13 @@ fn machine_drift(report: &TuneReport) -> Option<stats::Drift> {
         points.extend(scored.iter().zip(&logs).map(|(t, l)| (t.seq, l - mean)));
     }
     points.sort_by_key(|p| p.0);
-    let residuals: Vec<f64> = points.into_iter().map(|p| p.1).collect();
-    stats::drift(&residuals, DRIFT_REPORTED)
+    let residuals: Vec<f64> = points.iter().map(|p| p.1).collect();
+    let Some(d) = stats::drift(&residuals, MODEL_STEP) else {
+        return (None, None);
+    };
+    let d = stats::Drift {
+        at_trial: points[d.at_trial].0,
+        ..d
+    };
+    (Some(d), (d.ratio >= DRIFT_REPORTED).then_some(d))
 }

@@ -5,7 +5,7 @@
 
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 
-use super::{ConfigResult, TrialStatus, TuneReport};
+use super::{ConfigResult, Mark, TrialStatus, TuneReport};
 
 fn num(v: f64) -> String {
     if v >= 100.0 {
@@ -48,6 +48,29 @@ pub(crate) fn metric_cells(c: &ConfigResult, mem_unit: &str) -> [String; 5] {
     ]
 }
 
+/// Against the winner: "winner", or the model's ratio with its interval and
+/// the verdict ("slower", "faster", "not distinguishable").
+pub(crate) fn against_winner(r: &TuneReport, c: &ConfigResult) -> String {
+    use super::stats::Verdict;
+    if r.mark(c) == Mark::Winner {
+        return "winner".into();
+    }
+    let Some(p) = &c.vs_winner else {
+        return String::new();
+    };
+    let est = p.estimate.unwrap_or(p.median);
+    let verdict = match p.verdict() {
+        Verdict::Faster => "faster",
+        Verdict::Slower => "slower",
+        Verdict::NotDistinguishable => "not distinguishable",
+    };
+    if p.high.is_finite() && p.low > 0.0 {
+        format!("{est:.2}x [{:.2}-{:.2}] {verdict}", p.low, p.high)
+    } else {
+        format!("{est:.2}x {verdict}")
+    }
+}
+
 fn row(r: &TuneReport, c: &ConfigResult) -> Vec<String> {
     let thr = match c.throughput {
         Some(s) => format!(
@@ -77,7 +100,7 @@ fn row(r: &TuneReport, c: &ConfigResult) -> Vec<String> {
     cells.extend(metric_cells(c, " MiB"));
     cells.extend([
         opt(c.peak_rss_mib, |v| format!("{v:.0}")),
-        r.mark(c).name().to_string(),
+        against_winner(r, c),
     ]);
     cells
 }
@@ -92,13 +115,9 @@ pub(super) fn notes(r: &TuneReport) -> String {
         out.push_str(&format!("warning: {w}\n"));
     }
     out.push_str(&read_from(r));
-    if let Some(b) = &r.baseline {
-        out.push_str(&format!(
-            "speed-ups are paired per round against {b}: the median of the per-round ratios, \
-             [its {:.1}% interval (t, of the log ratios)]; each round's order shuffled from seed {}\n",
-            r.interval_level * 100.0,
-            r.order_seed
-        ));
+    if let Some(m) = model_line(r) {
+        out.push_str(&m);
+        out.push('\n');
     }
     if let Some(w) = &r.winner {
         match &r.tie {
@@ -115,8 +134,42 @@ pub(super) fn notes(r: &TuneReport) -> String {
     out
 }
 
-/// One configuration's notes: dropped, merged, a slow first trial, outliers,
-/// disturbed and failed trials with their stderr.
+/// Which model decided, in one paragraph: what speed-ups are against, the
+/// fit, the noise, the degrees of freedom, the split rounds, the level.
+pub(crate) fn model_line(r: &TuneReport) -> Option<String> {
+    let a = r.analysis.as_ref()?;
+    let against = r
+        .baseline
+        .as_ref()
+        .map_or(String::new(), |b| format!("speed-ups are against {b}; "));
+    let down = match a.down_weighted {
+        0 => String::new(),
+        n => format!(", {n} trial(s) down-weighted"),
+    };
+    let split = if a.split_rounds.is_empty() {
+        String::new()
+    } else {
+        let rounds: Vec<String> = a.split_rounds.iter().map(|r| r.to_string()).collect();
+        format!(
+            "; round(s) {} split in two blocks at the machine's step",
+            rounds.join(", ")
+        )
+    };
+    Some(format!(
+        "{against}every interval and verdict comes from one model: {} over {} trials{down}, \
+         noise {} per trial, {} degrees of freedom{split}; {}; each round's order shuffled from seed {}",
+        a.model,
+        a.trials,
+        a.noise
+            .map_or("unknown".into(), |n| format!("{:.1}%", n * 100.0)),
+        a.df,
+        a.correction,
+        r.order_seed
+    ))
+}
+
+/// One configuration's notes: dropped, merged, extra rounds, a slow first
+/// trial, outliers, down-weighted, disturbed and failed trials with their stderr.
 fn config_notes(c: &ConfigResult, out: &mut String) {
     if let Some(round) = c.dropped_after_round {
         let why = if round == 0 {
@@ -142,6 +195,14 @@ fn config_notes(c: &ConfigResult, out: &mut String) {
             c.same_launch.join(", ")
         ));
     }
+    if c.extra_rounds > 0 {
+        out.push_str(&format!(
+            "{}: {} extra round(s): {}\n",
+            c.name,
+            c.extra_rounds,
+            c.extra_why.as_deref().unwrap_or("undecided")
+        ));
+    }
     if c.slow_first_trial {
         out.push_str(&format!(
             "{}: the first trial was slow (warm caches?); --warmup 1 leaves it out\n",
@@ -155,6 +216,19 @@ fn config_notes(c: &ConfigResult, out: &mut String) {
             tr.round,
             tr.throughput.map_or("-".into(), num),
             c.throughput.map_or("-".into(), |s| num(s.median))
+        ));
+    }
+    for tr in c
+        .trials
+        .iter()
+        .filter(|t| t.weight.is_some_and(|w| w < 0.5))
+    {
+        out.push_str(&format!(
+            "{} round {}: down-weighted to {:.2} in the model ({} is far from what its round and configuration predict)\n",
+            c.name,
+            tr.round,
+            tr.weight.unwrap_or(1.0),
+            tr.throughput.map_or("-".into(), num),
         ));
     }
     for tr in c.trials.iter().filter(|t| t.disturbed) {
@@ -265,7 +339,7 @@ pub(crate) fn render(r: &TuneReport) -> String {
         "GPU mem own/all",
         "ctx sw/s vol/invol",
         "RSS MiB",
-        "",
+        "against the winner",
     ]);
     for c in &r.configs {
         t.add_row(row(r, c));

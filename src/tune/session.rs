@@ -1,6 +1,7 @@
 //! The tuning loop: rounds over the configurations, each in an order shuffled
 //! from the report's seed (so drift hits all alike), halving, the default
-//! search's combination, and more rounds, in blocks, for a close pair. Pure
+//! search's combination, and more rounds, in blocks, for every row still
+//! undecided against the winner. Pure
 //! over a `TrialRunner`, so tests (and the simulation) drive it.
 
 use super::grid::{self, Role};
@@ -244,29 +245,30 @@ impl Session<'_> {
         self.report.index_of(self.report.baseline.as_ref())
     }
 
-    /// The close pair, while the data cannot tell it apart: the winner and
-    /// the runner-up (the still-measured configuration nearest to it, paired),
-    /// with the reference.
-    fn close_race(&self, active: &[usize]) -> Vec<usize> {
+    /// The rows still undecided against the winner (their interval holds
+    /// 1.00), with the winner; nothing when every verdict is in. The
+    /// reference runs only if it is one of them: the model compares rows
+    /// whatever else ran in their rounds.
+    fn undecided(&self, active: &[usize]) -> Vec<usize> {
         let r = &self.report;
         let Some(w) = r.index_of(r.winner.as_ref()) else {
             return vec![];
         };
-        let runner_up = active
+        let open: Vec<usize> = active
             .iter()
             .copied()
             .filter(|&i| i != w)
-            .filter_map(|i| Some((i, r.configs[i].vs_winner.as_ref()?)))
-            .max_by(|a, b| a.1.median.total_cmp(&b.1.median));
-        let Some((up, p)) = runner_up else {
-            return vec![];
-        };
-        if p.verdict() != stats::Verdict::NotDistinguishable {
+            .filter(|&i| {
+                r.configs[i]
+                    .vs_winner
+                    .as_ref()
+                    .is_some_and(|p| p.verdict() == stats::Verdict::NotDistinguishable)
+            })
+            .collect();
+        if open.is_empty() {
             return vec![];
         }
-        let mut which = vec![w, up];
-        which.extend(self.reference().filter(|x| !which.contains(x)));
-        which
+        std::iter::once(w).chain(open).collect()
     }
 }
 
@@ -290,8 +292,8 @@ impl Progress<'_> {
 }
 
 /// Run every configuration in `runs` rounds (after `warmup` rounds), each in a
-/// shuffled order; then, while the winner and the runner-up cannot be told
-/// apart, blocks of `runs` more rounds of the two and the reference, up to
+/// shuffled order; then, while rows cannot be told apart from the winner,
+/// blocks of `runs` more rounds of those rows and the winner, up to
 /// `max_runs` trials each.
 pub(crate) fn tune(
     configs: &[TuneConfig],
@@ -447,8 +449,9 @@ impl<'a> Session<'a> {
         Some(())
     }
 
-    /// More rounds for a close race, in blocks of --runs: the intervals'
-    /// level counts on looks at block ends only. None if interrupted.
+    /// More rounds for every row still undecided against the winner, in
+    /// blocks of --runs, up to --max-runs: the intervals' level counts on
+    /// looks at block ends only. None if interrupted.
     fn close_race_rounds(
         &mut self,
         active: &[usize],
@@ -460,14 +463,28 @@ impl<'a> Session<'a> {
         let last = opts.warmup + opts.max_runs.max(opts.runs);
         let mut round = opts.warmup + measured.unwrap_or(0);
         while round < last {
-            let close = self.close_race(active);
-            if close.len() < 2 {
+            let open = self.undecided(active);
+            if open.len() < 2 {
                 break;
             }
             let block = opts.runs.min(last - round);
-            p.add(close.len() * block);
+            let look = round - opts.warmup;
+            for (n, &i) in open.iter().enumerate() {
+                let c = &mut self.report.configs[i];
+                c.extra_rounds += block;
+                c.extra_why = Some(if n == 0 {
+                    "the winner, beside the undecided rows".to_string()
+                } else {
+                    let v = c.vs_winner.as_ref();
+                    format!(
+                        "not distinguishable from the winner after {look} rounds{}",
+                        v.map_or(String::new(), |v| format!(" [{:.2}-{:.2}]", v.low, v.high))
+                    )
+                });
+            }
+            p.add(open.len() * block);
             for _ in 0..block {
-                if !self.round(&close, round, runner, p.on_event) {
+                if !self.round(&open, round, runner, p.on_event) {
                     return None;
                 }
                 round += 1;

@@ -231,6 +231,8 @@ pub(super) struct GridFigures {
     /// threads=2 rows against the winner: called slower, of `comparisons`.
     pub slower_called: usize,
     pub comparisons: usize,
+    /// Of those, called within the base rounds (no extra round for it).
+    pub called_in_base: usize,
     /// The other threads=1 row called different from the winner.
     pub aa_different: usize,
     pub drift_reported: usize,
@@ -250,6 +252,9 @@ impl GridFigures {
     }
     pub(super) fn right(&self) -> f64 {
         self.winner_right as f64 / self.tunes.max(1) as f64
+    }
+    pub(super) fn in_base(&self) -> f64 {
+        self.called_in_base as f64 / self.comparisons.max(1) as f64
     }
     pub(super) fn trials_per_tune(&self) -> f64 {
         self.trials as f64 / self.tunes.max(1) as f64
@@ -282,10 +287,9 @@ pub(super) fn grid_figures(seeds: u64, slower: f64, drift: Drift) -> GridFigures
             } else {
                 "t1-active"
             };
+            let config = |name: &str| r.configs.iter().find(|c| c.name == name);
             let verdict = |name: &str| {
-                r.configs
-                    .iter()
-                    .find(|c| c.name == name)
+                config(name)
                     .and_then(|c| c.vs_winner.as_ref())
                     .map(|p| p.verdict())
             };
@@ -296,6 +300,9 @@ pub(super) fn grid_figures(seeds: u64, slower: f64, drift: Drift) -> GridFigures
                 f.comparisons += 1;
                 if verdict(t2) == Some(Verdict::Slower) {
                     f.slower_called += 1;
+                    if config(t2).is_some_and(|c| c.extra_rounds == 0) {
+                        f.called_in_base += 1;
+                    }
                 }
             }
         } else {
@@ -374,15 +381,41 @@ mod tests {
         ] {
             let f = grid_figures(1000, slower, drift);
             eprintln!(
-                "{what}: threads=2 called slower {:.1}%, A/A called different {:.1}%, \
-                 winner right {:.1}%, drift reported {:.1}%, {:.1} trials per tune",
+                "{what}: threads=2 called slower {:.1}% ({:.1}% in the base rounds), \
+                 A/A called different {:.1}%, winner right {:.1}%, drift reported {:.1}%, \
+                 {:.1} trials per tune",
                 f.called() * 100.0,
+                f.in_base() * 100.0,
                 f.aa() * 100.0,
                 f.right() * 100.0,
                 f.drift() * 100.0,
                 f.trials_per_tune()
             );
         }
+    }
+
+    /// The issue-44 targets on fewer tunes (the ignored test above runs the
+    /// 1,000 the docs quote): a 20% difference against the winner called in
+    /// 95% of steady tunes and 90% with a step, 10% in 60%, the A/A pair
+    /// beside the winner called different in at most 5%, the winner right.
+    #[test]
+    fn the_grid_calls_real_differences_and_not_an_aa_pair() {
+        let steady = grid_figures(150, 1.0 / 1.2, Drift::Steady);
+        let step = grid_figures(150, 1.0 / 1.2, Drift::Step);
+        let ten = grid_figures(150, 1.0 / 1.1, Drift::Steady);
+        eprintln!("{steady:?}\n{step:?}\n{ten:?}");
+        assert!(steady.called() >= 0.95, "{steady:?}");
+        assert!(step.called() >= 0.90, "{step:?}");
+        assert!(ten.called() >= 0.60, "{ten:?}");
+        let aa = (steady.aa_different + step.aa_different + ten.aa_different) as f64 / 450.0;
+        assert!(aa <= 0.05, "A/A called different in {aa}");
+        for f in [steady, step, ten] {
+            assert!(f.right() >= 0.99, "{f:?}");
+        }
+        assert!(
+            step.drift() >= 0.95 && steady.drift() <= 0.05,
+            "{step:?} {steady:?}"
+        );
     }
 
     #[test]

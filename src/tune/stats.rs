@@ -195,18 +195,22 @@ pub(crate) fn per_look_level(looks: usize) -> f64 {
     1.0 - 0.05 / looks.max(1) as f64
 }
 
-/// How `a` compares with `b`, round by round.
+/// How `a` compares with `b`: the ratios round by round, and the interval.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Paired {
     /// a / b in each round both were scored, in round order.
     pub ratios: Vec<f64>,
     /// The median of the ratios.
     pub median: f64,
-    /// The interval of the ratio at the report's level: exp(mean ± t·sd/√n)
-    /// of the log ratios (the paired t-interval; unbounded with fewer than 2
-    /// rounds).
+    /// The interval of the ratio at the report's level: in a report, the
+    /// model's (tune::fit, whose estimate is `estimate`); from `paired`
+    /// alone, exp(mean ± t·sd/√n) of the log ratios (the paired t-interval;
+    /// unbounded with fewer than 2 rounds).
     pub low: f64,
     pub high: f64,
+    /// The model's estimate of a / b (None: the paired t-interval's alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<f64>,
 }
 
 /// What a paired interval says.
@@ -258,6 +262,7 @@ pub(crate) fn paired(a: &[Option<f64>], b: &[Option<f64>], level: f64) -> Option
         ratios,
         low,
         high,
+        estimate: None,
     })
 }
 
@@ -269,7 +274,8 @@ pub(crate) const DRIFT_Z: f64 = 3.5;
 pub(crate) struct Drift {
     /// How far the speed moved: after / before the change (or its inverse), >= 1.
     pub ratio: f64,
-    /// The change lies before this trial (in the order trials ran).
+    /// The change lies before this trial: from `drift`, an index into the
+    /// residuals; in a report, the trial's `seq`.
     pub at_trial: usize,
     /// Its strength: the difference of the two levels over its standard error.
     pub z: f64,

@@ -170,11 +170,26 @@ fn interleaved_rounds_stats_and_winner() {
     let t = plan.throughput.unwrap();
     assert_eq!((t.median, t.min, t.max, t.n), (50.0, 48.0, 52.0, 3));
     assert_eq!(r.baseline.as_deref(), Some("unset"));
-    // The speed-up is the median of the per-round ratios 50/10, 52/11, 48/10.
-    assert_eq!(plan.speedup, Some(4.8));
+    // The per-round ratios are 50/10, 52/11, 48/10; the speed-up is the
+    // model's: on a complete table with every trial fully weighted, their
+    // geometric mean.
     let ratios: Vec<f64> = plan.trials.iter().filter_map(|t| t.ratio).collect();
     assert_eq!(ratios, [5.0, 52.0 / 11.0, 4.8]);
-    assert!(plan.speedup_low.unwrap() < 4.8 && plan.speedup_high.unwrap() > 4.8);
+    let a = r.analysis.as_ref().unwrap();
+    assert_eq!((a.trials, a.df, a.down_weighted), (9, 4, 0));
+    assert!(
+        r.configs
+            .iter()
+            .flat_map(|c| &c.trials)
+            .all(|t| t.weight == Some(1.0))
+    );
+    let geo = (5.0f64 * 52.0 / 11.0 * 4.8).powf(1.0 / 3.0);
+    assert!(
+        (plan.speedup.unwrap() - geo).abs() < 1e-9,
+        "{:?}",
+        plan.speedup
+    );
+    assert!(plan.speedup_low.unwrap() < geo && plan.speedup_high.unwrap() > geo);
     // one/plan per round: 0.98, 1.15, 0.94: not distinguishable; a tie the
     // rule gives to the plan.
     assert!(r.configs[2].indistinguishable_from_winner);
@@ -289,8 +304,23 @@ fn a_close_race_gets_more_trials_up_to_max_runs() {
     let n = |i: usize| r.configs[i].trials.len();
     assert_eq!(
         (n(0), n(1), n(2)),
-        (5, 5, 5),
-        "the close pair ran on, with the reference"
+        (3, 5, 5),
+        "the undecided row and the winner ran on; the reference is not needed"
+    );
+    let extra = |i: usize| (r.configs[i].extra_rounds, r.configs[i].extra_why.clone());
+    assert_eq!(extra(0), (0, None));
+    let w = r.index_of(r.winner.as_ref()).unwrap();
+    let other = 3 - w;
+    assert_eq!(extra(w).0, 2);
+    assert!(extra(w).1.unwrap().contains("the winner"));
+    assert_eq!(extra(other).0, 2);
+    assert!(
+        extra(other)
+            .1
+            .unwrap()
+            .starts_with("not distinguishable from the winner after 3 rounds ["),
+        "{:?}",
+        extra(other)
     );
     assert!(r.complete);
 }
@@ -547,4 +577,106 @@ fn a_speedup_from_two_rounds_shows_its_rounds_not_an_interval() {
     let r = tuned(&mut f, &["unset", "a"], &opts(3, 0, Strategy::All));
     let text = report::render(&r);
     assert!(!text.contains("rounds)") && text.contains("x ["), "{text}");
+}
+
+/// A machine whose speed steps 1.5x before trial `step`: each configuration's
+/// true rate times the machine's speed times a fixed pattern of +-1.5% noise.
+struct Stepping {
+    truth: HashMap<String, f64>,
+    step: usize,
+    calls: usize,
+    /// A trial (by call) at this fraction of what it should be.
+    wild: Option<(usize, f64)>,
+}
+
+impl TrialRunner for Stepping {
+    fn run(&mut self, c: &TuneConfig, metric: &Metric) -> TrialOutcome {
+        let n = self.calls;
+        self.calls += 1;
+        let noise = [0.0, 0.015, -0.01, 0.005, -0.015, 0.01, -0.005][(n * 3) % 7];
+        let mut v = self.truth[&c.name] * (1.0 + noise);
+        if n >= self.step {
+            v *= 1.5;
+        }
+        if let Some((at, f)) = self.wild
+            && at == n
+        {
+            v *= f;
+        }
+        TrialOutcome {
+            hit: metric.scan(0, &format!("{v:.3} img/s")),
+            wall: Duration::from_secs(2),
+            cpu: Duration::from_secs(2),
+            ..Default::default()
+        }
+    }
+}
+
+/// unset, a and b (at 50, 100 and 90) in five rounds on a `Stepping` machine.
+fn stepped(step: usize, wild: Option<(usize, f64)>) -> TuneReport {
+    let mut s = Stepping {
+        truth: [("unset", 50.0), ("a", 100.0), ("b", 90.0)]
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v))
+            .collect(),
+        step,
+        calls: 0,
+        wild,
+    };
+    tune(
+        &configs(&["unset", "a", "b"]),
+        new_report(vec![], 1, "x".into(), 2.0),
+        &opts(5, 0, Strategy::All),
+        &mut s,
+        &mut |_| {},
+    )
+}
+
+#[test]
+fn a_round_that_straddles_a_step_is_split_and_the_comparison_stands() {
+    // Three configurations, five rounds: the step falls inside round 2
+    // (trials 6, 7, 8).
+    let r = stepped(7, None);
+    let a = r.analysis.as_ref().unwrap();
+    assert_eq!(a.split_rounds, [2], "{a:?}");
+    // 15 trials, 6 blocks (round 2 is two), 3 configurations: 15 - 6 - 2.
+    assert_eq!(a.df, 7);
+    let d = r.drift.expect("the step is reported");
+    assert_eq!(d.at_trial, 7);
+    assert_eq!(r.winner.as_deref(), Some("a"));
+    let b = r.configs.iter().find(|c| c.name == "b").unwrap();
+    let p = b.vs_winner.as_ref().unwrap();
+    assert_eq!(p.verdict(), stats::Verdict::Slower, "{p:?}");
+    assert!(
+        (p.estimate.unwrap() - 0.9).abs() < 0.02,
+        "the step does not bias it: {p:?}"
+    );
+    let text = report::render(&r);
+    assert!(
+        text.contains("round(s) 2 split in two blocks at the machine's step"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_wild_trial_is_down_weighted_and_said() {
+    // No step; trial 10 (round 3) at 55% of its rate.
+    let r = stepped(usize::MAX, Some((10, 0.55)));
+    let a = r.analysis.as_ref().unwrap();
+    assert_eq!(a.down_weighted, 1, "{a:?}");
+    let wild = r
+        .configs
+        .iter()
+        .flat_map(|c| &c.trials)
+        .find(|t| t.seq == 10)
+        .unwrap();
+    assert!(wild.weight.unwrap() < 0.3, "{wild:?}");
+    let b = r.configs.iter().find(|c| c.name == "b").unwrap();
+    assert_eq!(
+        b.vs_winner.as_ref().unwrap().verdict(),
+        stats::Verdict::Slower
+    );
+    let text = report::render(&r);
+    assert!(text.contains("down-weighted to"), "{text}");
+    assert!(text.contains("1 trial(s) down-weighted"), "{text}");
 }

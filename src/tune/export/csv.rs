@@ -9,7 +9,7 @@ fn opt(v: Option<f64>) -> String {
     v.map_or_else(String::new, |x| format!("{x:.4}"))
 }
 
-const HEADER: [&str; 29] = [
+const HEADER: [&str; 30] = [
     "config",
     "options",
     "round",
@@ -39,6 +39,7 @@ const HEADER: [&str; 29] = [
     "disturbance",
     "disturbed",
     "gpu_job_mem_mib",
+    "weight",
 ];
 
 impl Exporter<TuneReport> for Csv {
@@ -80,6 +81,7 @@ impl Exporter<TuneReport> for Csv {
                     opt(t.disturbance),
                     t.disturbed.to_string(),
                     opt(t.gpu_job_mem_mib),
+                    opt(t.weight),
                 ])?;
             }
         }

@@ -15,13 +15,13 @@ fn cell(s: &str) -> String {
 impl Exporter<TuneReport> for Markdown {
     fn render(&self, r: &TuneReport, _: &()) -> Result<String, ExportError> {
         let mut out = format!(
-            "| configuration | throughput ({}) median | min-max | speed-up | CPU % | GPU % | GPU mem MiB own/all | ctx sw/s vol/invol | |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n",
+            "| configuration | throughput ({}) median | min-max | speed-up | CPU % | GPU % | GPU mem MiB own/all | ctx sw/s vol/invol | against the winner |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n",
             cell(&r.unit)
         );
         for c in &r.configs {
             let mark = match r.mark(c) {
-                Mark::Winner => "**winner**",
-                m => m.name(),
+                Mark::Winner => "**winner**".to_string(),
+                _ => report::against_winner(r, c),
             };
             let [speedup, cpu, gpu, mem, cs] = report::metric_cells(c, "");
             // Configurations measured under this one's name (same launch).
@@ -55,6 +55,9 @@ impl Exporter<TuneReport> for Markdown {
         if !read.is_empty() {
             out.push_str("\nthroughput read from (last scored trial):\n");
             out.push_str(&read.concat());
+        }
+        if let Some(m) = report::model_line(r) {
+            out.push_str(&format!("\n{}\n", cell(&m)));
         }
         Ok(out)
     }

@@ -28,6 +28,7 @@ fn trial(round: usize, v: f64) -> Trial {
         disturbance: Some(0.01),
         disturbed: false,
         nodes: vec![],
+        weight: None,
     }
 }
 
