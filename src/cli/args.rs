@@ -520,9 +520,9 @@ pub(crate) struct TuneCmd {
     /// Measured rounds: each runs every configuration once, in a shuffled order
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000).map(|v| v as usize))]
     pub runs: usize,
-    /// A close race gets more rounds: while the winner and the runner-up
-    /// cannot be told apart, they run again with the reference, up to this
-    /// many trials each [default: 4 x --runs]
+    /// Undecided rows get more rounds: while a row cannot be told apart
+    /// from the winner, it runs again beside the winner, in blocks of
+    /// --runs, up to this many trials each [default: 4 x --runs]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000).map(|v| v as usize))]
     pub max_runs: Option<usize>,
     /// The seed of the rounds' shuffled orders [default: from the clock;
