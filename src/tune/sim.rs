@@ -212,14 +212,24 @@ pub(super) fn rate(
 /// The issue-44 grid: `unset`, then threads=1 and threads=2 under two wait
 /// policies that change nothing (two A/A pairs); threads=2 is `slower` times
 /// threads=1's speed.
-pub(super) fn grid(slower: f64) -> [(&'static str, f64, Role); 5] {
-    [
+/// With `wide`, three rows more (8 in all): threads=3 at 0.95 and threads=4
+/// under both policies at 0.6.
+pub(super) fn grid(slower: f64, wide: bool) -> Vec<(&'static str, f64, Role)> {
+    let mut v = vec![
         ("unset", 0.7, Role::Baseline),
         ("t1-active", 1.0, Role::GridPoint),
         ("t1-passive", 1.0, Role::GridPoint),
         ("t2-active", slower, Role::GridPoint),
         ("t2-passive", slower, Role::GridPoint),
-    ]
+    ];
+    if wide {
+        v.extend([
+            ("t3", 0.95, Role::GridPoint),
+            ("t4-active", 0.6, Role::GridPoint),
+            ("t4-passive", 0.6, Role::GridPoint),
+        ]);
+    }
+    v
 }
 
 /// What a batch of grid tunes showed.
@@ -261,11 +271,11 @@ impl GridFigures {
     }
 }
 
-/// `seeds` tunes of the grid with threads=2 at `slower`, trial noise 3-10%,
+/// `seeds` tunes of the grid (5 rows, 8 with `wide`) with threads=2 at `slower`, trial noise 3-10%,
 /// a line noise of 2%, on `drift`.
-pub(super) fn grid_figures(seeds: u64, slower: f64, drift: Drift) -> GridFigures {
+pub(super) fn grid_figures(seeds: u64, slower: f64, drift: Drift, wide: bool) -> GridFigures {
     use crate::tune::stats::Verdict;
-    let configs = grid(slower);
+    let configs = grid(slower, wide);
     let spec = Spec {
         configs: &configs,
         drift,
@@ -373,13 +383,15 @@ mod tests {
     #[test]
     #[ignore]
     fn grid_figures_for_the_docs() {
-        for (what, slower, drift) in [
-            ("20%, steady", 1.0 / 1.2, Drift::Steady),
-            ("20%, 1.5x step", 1.0 / 1.2, Drift::Step),
-            ("10%, steady", 1.0 / 1.1, Drift::Steady),
-            ("10%, 1.5x step", 1.0 / 1.1, Drift::Step),
+        for (what, slower, drift, wide) in [
+            ("20%, steady", 1.0 / 1.2, Drift::Steady, false),
+            ("20%, 1.5x step", 1.0 / 1.2, Drift::Step, false),
+            ("10%, steady", 1.0 / 1.1, Drift::Steady, false),
+            ("10%, 1.5x step", 1.0 / 1.1, Drift::Step, false),
+            ("8 rows, 20%, steady", 1.0 / 1.2, Drift::Steady, true),
+            ("8 rows, 20%, 1.5x step", 1.0 / 1.2, Drift::Step, true),
         ] {
-            let f = grid_figures(1000, slower, drift);
+            let f = grid_figures(1000, slower, drift, wide);
             eprintln!(
                 "{what}: threads=2 called slower {:.1}% ({:.1}% in the base rounds), \
                  A/A called different {:.1}%, winner right {:.1}%, drift reported {:.1}%, \
@@ -400,9 +412,9 @@ mod tests {
     /// beside the winner called different in at most 5%, the winner right.
     #[test]
     fn the_grid_calls_real_differences_and_not_an_aa_pair() {
-        let steady = grid_figures(150, 1.0 / 1.2, Drift::Steady);
-        let step = grid_figures(150, 1.0 / 1.2, Drift::Step);
-        let ten = grid_figures(150, 1.0 / 1.1, Drift::Steady);
+        let steady = grid_figures(150, 1.0 / 1.2, Drift::Steady, false);
+        let step = grid_figures(150, 1.0 / 1.2, Drift::Step, false);
+        let ten = grid_figures(150, 1.0 / 1.1, Drift::Steady, false);
         eprintln!("{steady:?}\n{step:?}\n{ten:?}");
         assert!(steady.called() >= 0.95, "{steady:?}");
         assert!(step.called() >= 0.90, "{step:?}");
