@@ -1,8 +1,9 @@
 //! `tune`: run the user's command (or the built-in workload) under several
-//! configurations, in rounds of shuffled order paired against a reference
-//! (so drift hits all alike and cancels in the speed-ups), and report throughput, CPU and GPU use with honest statistics.
+//! configurations, in rounds of shuffled order (each round a block of one
+//! model, so drift between rounds cancels), and report throughput, CPU and
+//! GPU use with honest statistics.
 //! The parts: `grid` (which configurations, typed), `model` (trials, results,
-//! the report), `session` (the loop, pure over a `TrialRunner`, so tests drive
+//! the report), `fit` (the model of the whole table behind every interval), `session` (the loop, pure over a `TrialRunner`, so tests drive
 //! it with a mock), `outcome` (trials into figures), `runner` (the real runner,
 //! launching ranks through `launch`), `export` (report files).
 

@@ -323,8 +323,9 @@ pub(crate) struct ConfigResult {
     pub role: Role,
     pub options: String,
     pub throughput: Option<Summary>,
-    /// Against the reference (`baseline`): the median of the per-round
-    /// ratios (each trial's `ratio`), with its 95% interval.
+    /// Against the reference (`baseline`): the model's estimate (tune::fit;
+    /// the per-round ratios are each trial's `ratio`), with its interval at
+    /// the report's level.
     pub speedup: Option<f64>,
     #[serde(default)]
     pub speedup_low: Option<f64>,
@@ -346,7 +347,7 @@ pub(crate) struct ConfigResult {
     /// Multi-node: each node's CPU and GPU use (medians of its trials).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<NodeSummary>,
-    /// Its paired interval against the winner holds 1.00: the data cannot
+    /// Its interval against the winner holds 1.00: the data cannot
     /// tell them apart.
     pub indistinguishable_from_winner: bool,
     /// Dropped by --strategy halving after this round.
@@ -384,7 +385,7 @@ pub(crate) struct TuneReport {
     pub metric: MetricSource,
     pub unit: String,
     pub configs: Vec<ConfigResult>,
-    /// The reference of every paired speed-up (the unset baseline where there is one).
+    /// The reference of every speed-up (the unset baseline where there is one).
     pub baseline: Option<String>,
     pub winner: Option<String>,
     /// False while running and when interrupted.
@@ -393,7 +394,7 @@ pub(crate) struct TuneReport {
     /// The seed of each round's order (the same seed gives the same orders).
     #[serde(default)]
     pub order_seed: u64,
-    /// The two-sided level of every paired interval: 95% over the whole run
+    /// The two-sided level of every interval: 95% over the whole run
     /// of looks at a close race (stats::per_look_level).
     #[serde(default = "default_level")]
     pub interval_level: f64,

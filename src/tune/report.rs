@@ -127,7 +127,7 @@ pub(super) fn notes(r: &TuneReport) -> String {
                 t.rule
             )),
             None => out.push_str(&format!(
-                "winner: {w} (the data tells it apart from every other, paired round by round)\n"
+                "winner: {w} (the data tells it apart from every other row)\n"
             )),
         }
     }

@@ -240,7 +240,7 @@ impl Session<'_> {
         Some(i)
     }
 
-    /// The reference's index (every paired ratio needs its trial in the round).
+    /// The reference's index (every trial's `ratio` is to its trial in the round).
     fn reference(&self) -> Option<usize> {
         self.report.index_of(self.report.baseline.as_ref())
     }

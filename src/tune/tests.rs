@@ -553,7 +553,7 @@ fn the_reference_runs_beside_a_lone_survivor() {
         },
     );
     assert_eq!(r.configs[2].dropped_after_round, Some(1));
-    // Every speed-up is paired with the reference's trial of the same round.
+    // The reference runs beside the survivor in every base round.
     assert_eq!(r.configs[0].trials.len(), 5, "{:?}", f.calls);
     assert_eq!(r.configs[1].trials.len(), 5, "{:?}", f.calls);
     assert_eq!(
