@@ -15,7 +15,24 @@ pub(crate) fn exec_rank(r: &RankLaunch, allow_unbound: bool) -> LaunchError {
     if let Err(e) = resolve(program) {
         return e;
     }
-    if let Err((what, source)) = r.placement.apply() {
+    let mut placement = r.placement.clone();
+    let mut applied = placement.apply();
+    // The local policy only restates the kernel's default: where the kernel
+    // refuses it (seccomp, no NUMA), go on without it, as `run` does.
+    if let Err(("set_mempolicy", source)) = &applied
+        && placement
+            .mem
+            .as_ref()
+            .is_some_and(|(mode, _)| *mode == crate::os::MPOL_LOCAL)
+    {
+        crate::say!(
+            "threadwise: warning: rank {}: memory policy local not set (set_mempolicy refused: {source}); it allocates where it runs, as the kernel does by default",
+            r.local_rank
+        );
+        placement.mem = None;
+        applied = placement.apply();
+    }
+    if let Err((what, source)) = applied {
         if !allow_unbound {
             return LaunchError::Placement {
                 rank: r.local_rank,

@@ -32,7 +32,7 @@ pub(crate) fn run(s: &RunSettings) -> Result<i32, JobError> {
     }
     let mut launches = node_launches(&s.plan, &s.command, &s.master_addr, s.master_port, &s.role)?;
     before_start(s, &launches);
-    if let Some(w) = prepare::check_bindings(&mut launches, s.allow_unbound)? {
+    if let (_, Some(w)) = prepare::check_bindings(&mut launches, s.allow_unbound)? {
         crate::say!("threadwise: warning: {w}");
     }
     let errors = ErrorFiles::new(s.log_dir.as_deref())?;

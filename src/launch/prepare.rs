@@ -130,23 +130,80 @@ pub(crate) fn saved_plan(path: &Path, t: &Topology) -> Result<Plan, PrepareError
     Ok(p)
 }
 
-/// Try every rank's binding before anything starts; on refusal stop, or
-/// (`allow_unbound`) run every rank unbound and return the warning to show.
+/// What `check_bindings` gave up, to give up again in every later launch of
+/// the job (a multi-node job's rounds).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Relaxed {
+    /// The kernel refused the `local` memory policy: ranks keep the kernel's
+    /// default, which allocates where they run too.
+    pub local_mem: bool,
+    /// The kernel refused the binding and --allow-unbound was given.
+    pub unbound: bool,
+}
+
+impl Relaxed {
+    pub(crate) fn apply(self, launches: &mut [RankLaunch]) {
+        for l in launches {
+            if self.unbound {
+                l.placement = Default::default();
+            } else if self.local_mem && asks_local(l) {
+                l.placement.mem = None;
+                l.mem = LOCAL_REFUSED.into();
+            }
+        }
+    }
+}
+
+/// How a rank's memory reads where the kernel refused the local policy.
+const LOCAL_REFUSED: &str = "the kernel's default (set_mempolicy refused)";
+
+fn asks_local(l: &RankLaunch) -> bool {
+    l.placement
+        .mem
+        .as_ref()
+        .is_some_and(|(mode, _)| *mode == crate::os::MPOL_LOCAL)
+}
+
+/// Try every rank's binding before anything starts. Where the kernel (a
+/// container's seccomp profile, a kernel without NUMA) refuses only the
+/// `local` memory policy, the ranks go on without it: the kernel's default
+/// allocates on the node a thread runs on as well, so only a policy
+/// threadwise itself inherited is lost. Any other refusal stops, or
+/// (`allow_unbound`) every rank runs unbound. Returns what was given up and
+/// the warning to show.
 pub(crate) fn check_bindings(
     launches: &mut [RankLaunch],
     allow_unbound: bool,
-) -> Result<Option<String>, PrepareError> {
-    match check_placements(launches) {
-        Ok(()) => Ok(None),
-        Err(e @ LaunchError::Threads(_)) => Err(e.into()),
-        Err(e) if allow_unbound => {
-            for l in launches {
-                l.placement = Default::default();
-            }
-            Ok(Some(format!("ranks run unbound ({e})")))
-        }
-        Err(e) => Err(e.into()),
+) -> Result<(Relaxed, Option<String>), PrepareError> {
+    let mut relaxed = Relaxed::default();
+    let mut said = vec![];
+    let mut result = check_placements(launches);
+    if let Err(LaunchError::Placement {
+        what: "set_mempolicy",
+        source,
+        ..
+    }) = &result
+        && launches.iter().any(asks_local)
+    {
+        said.push(format!(
+            "memory policy local not set (set_mempolicy refused: {source}): the ranks allocate \
+             where they run, as the kernel does by default"
+        ));
+        relaxed.local_mem = true;
+        relaxed.apply(launches);
+        result = check_placements(launches);
     }
+    match result {
+        Ok(()) => {}
+        Err(e @ LaunchError::Threads(_)) => return Err(e.into()),
+        Err(e) if allow_unbound => {
+            relaxed.unbound = true;
+            relaxed.apply(launches);
+            said.push(format!("ranks run unbound ({e})"));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok((relaxed, (!said.is_empty()).then(|| said.join("; "))))
 }
 
 /// Where torch's `@record` puts a failing rank's exception, as torchrun sets

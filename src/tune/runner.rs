@@ -11,7 +11,7 @@ use super::trial::Used;
 use super::{LaunchKey, TrialOutcome, TuneConfig};
 use crate::launch::output::{LineSink, OutputOptions};
 use crate::launch::supervise::{self, RunOptions, Spawned};
-use crate::launch::{RankLaunch, check_placements, node_launches, plan_launches};
+use crate::launch::{RankLaunch, node_launches, plan_launches};
 use crate::measure::gpu::{GpuSampler, JobPids};
 use crate::measure::proc::{ProcReader, ticks_per_second};
 use crate::measure::throughput::{Hit, Metric};
@@ -71,7 +71,8 @@ impl Runner {
             crate::launch::env::DEFAULT_ROLE,
         )
         .map_err(|e| e.to_string())?;
-        check_placements(&ls).map_err(|e| e.to_string())?;
+        let mut ls = ls;
+        crate::launch::prepare::check_bindings(&mut ls, false).map_err(|e| e.to_string())?;
         Ok(ls)
     }
 }

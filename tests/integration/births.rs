@@ -270,3 +270,61 @@ fn ranks_that_cannot_get_into_the_job_cgroup_say_so_and_run_outside_it() {
         std::fs::remove_dir(&cg).is_ok()
     });
 }
+
+/// Where set_mempolicy is refused (Docker's default seccomp profile without
+/// CAP_SYS_NICE: EPERM; a kernel without NUMA: ENOSYS), `run` and `bind` go on
+/// without the `local` policy (the kernel's default allocates where a thread
+/// runs too), keep the CPU binding and say so; an explicit `--mem bind` still
+/// stops with the error and the hint.
+#[test]
+fn a_refused_local_memory_policy_is_given_up_and_said_not_fatal() {
+    for errno in ["EPERM", "ENOSYS"] {
+        let out = threadwise_under(Some(("set_mempolicy", errno)))
+            .args(["run", "-n", "2", "--"])
+            .args(["sh", "-c", "grep Cpus_allowed_list /proc/self/status"])
+            .output()
+            .unwrap();
+        let (o, e) = (text(&out.stdout), text(&out.stderr));
+        assert_eq!(out.status.code(), Some(0), "{errno}: {o}{e}");
+        assert!(
+            e.contains("memory policy local not set (set_mempolicy refused:"),
+            "{errno}: {e}"
+        );
+        // Still bound: the two ranks' CPU lists differ (on one CPU, both are it).
+        let lists: std::collections::BTreeSet<&str> = o
+            .lines()
+            .filter_map(|l| l.split_once("Cpus_allowed_list:"))
+            .map(|(_, v)| v.trim())
+            .collect();
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(lists.len(), cpus.min(2), "{errno}: {o}");
+        let bind = threadwise_under(Some(("set_mempolicy", errno)))
+            .args([
+                "bind",
+                "--local-rank",
+                "0",
+                "--local-world-size",
+                "2",
+                "--",
+                "true",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(bind.status.code(), Some(0), "{}", text(&bind.stderr));
+        assert!(
+            text(&bind.stderr).contains("rank 0: memory policy local not set"),
+            "{}",
+            text(&bind.stderr)
+        );
+    }
+    let strict = threadwise_under(Some(("set_mempolicy", "EPERM")))
+        .args(["run", "-n", "2", "--mem", "bind", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(strict.status.code(), Some(3));
+    let e = text(&strict.stderr);
+    assert!(
+        e.contains("set_mempolicy refused") && e.contains("--allow-unbound"),
+        "{e}"
+    );
+}

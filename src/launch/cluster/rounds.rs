@@ -116,20 +116,17 @@ pub(crate) fn run(s: &RunSettings, c: &ClusterSettings) -> Result<i32, JobError>
     let host = cfg.host.clone();
     let mut probe = launches_of(s, &guess(cfg, p), &cfg.run_id);
     before_start(s, &probe);
-    let unbound = match prepare::check_bindings(&mut probe, s.allow_unbound)? {
-        Some(w) => {
-            crate::say!("threadwise: warning: {w}");
-            true
-        }
-        None => false,
-    };
+    let (relaxed, said) = prepare::check_bindings(&mut probe, s.allow_unbound)?;
+    if let Some(w) = said {
+        crate::say!("threadwise: warning: {w}");
+    }
     let mut node = Rounds {
         s,
         report: c.report.clone(),
         // Every node's logs under DIR/<host>, so nodes sharing a file system
         // never write each other's files.
         logs: s.log_dir.as_ref().map(|d| d.join(&host)),
-        unbound,
+        relaxed,
         run_id: cfg.run_id.clone(),
         // Loaded once (NVML's start can take seconds), for tune's reports.
         gpu: c
@@ -204,8 +201,8 @@ struct Rounds<'a> {
     /// throughput read this way (tune --nnodes).
     report: Option<Metric>,
     logs: Option<PathBuf>,
-    /// The placements were refused and --allow-unbound given.
-    unbound: bool,
+    /// What the kernel refused of the placements, given up in every round.
+    relaxed: prepare::Relaxed,
     run_id: String,
     gpu: Option<crate::measure::gpu::GpuSampler>,
     host: String,
@@ -234,11 +231,7 @@ impl Rounds<'_> {
             }
         );
         let mut launches = launches_of(run, s, &self.run_id);
-        if self.unbound {
-            for l in &mut launches {
-                l.placement = Default::default();
-            }
-        }
+        self.relaxed.apply(&mut launches);
         collective_ifname(&s.master_addr, &mut launches, s.round == 0);
         let dir = self.logs.as_ref().map(|d| match s.round {
             0 => d.clone(),

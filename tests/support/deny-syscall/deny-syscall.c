@@ -1,10 +1,13 @@
 /* Run a command with one system call refused, as a container's seccomp
  * profile or an older kernel refuses it: `deny-syscall NAME ERRNO CMD ARGS...`,
- * NAME one of clone3, close_range; ERRNO one of ENOSYS, EPERM, EACCES.
+ * NAME one of clone3, close_range, sched_setaffinity, set_mempolicy, mbind;
+ * ERRNO one of ENOSYS, EPERM, EACCES.
  * The tests start `threadwise run` under it to take its other paths: ranks
  * that join the job cgroup where clone3 is refused (ENOSYS: a kernel before
  * 5.3 or today's Docker profile; EPERM: older container profiles), and a
- * watchdog that closes its descriptors one by one where close_range is.
+ * watchdog that closes its descriptors one by one where close_range is; and
+ * the GPU check's dry mode under what a sandbox (gVisor) may refuse:
+ * affinity and memory policy.
  * x86_64 and aarch64 syscall numbers come from the kernel headers; the
  * filter checks the architecture first. */
 #include <errno.h>
@@ -35,12 +38,15 @@
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: deny-syscall clone3|close_range ENOSYS|EPERM|EACCES CMD [ARGS...]\n");
+        fprintf(stderr, "usage: deny-syscall clone3|close_range|sched_setaffinity|set_mempolicy|mbind ENOSYS|EPERM|EACCES CMD [ARGS...]\n");
         return 2;
     }
     unsigned nr, err;
     if (!strcmp(argv[1], "clone3")) nr = __NR_clone3;
     else if (!strcmp(argv[1], "close_range")) nr = __NR_close_range;
+    else if (!strcmp(argv[1], "sched_setaffinity")) nr = __NR_sched_setaffinity;
+    else if (!strcmp(argv[1], "set_mempolicy")) nr = __NR_set_mempolicy;
+    else if (!strcmp(argv[1], "mbind")) nr = __NR_mbind;
     else { fprintf(stderr, "deny-syscall: unknown call %s\n", argv[1]); return 2; }
     if (!strcmp(argv[2], "ENOSYS")) err = ENOSYS;
     else if (!strcmp(argv[2], "EPERM")) err = EPERM;
