@@ -6,7 +6,8 @@
 # namespaces, scripts/test-hosts.sh), and the wheel's Python helper placing real
 # DataLoader workers under bind; the guides' mp.spawn example plain and with
 # threadwise.spawn (alternating, medians), torch.compile's workers under
-# torchrun and under run, and (THREADWISE_E2E_RAY=1) Ray Train with
+# torchrun and under run, the GPU check's dry mode (scripts/gpu-check.sh
+# --dry), and (THREADWISE_E2E_RAY=1) Ray Train with
 # threadwise.apply(). Prints each throughput; fails on any error.
 #   scripts/pytorch-e2e.sh [STEPS]
 set -euo pipefail
@@ -144,6 +145,39 @@ for way in ("torchrun", "run"):
             assert threads == str(len(cpus.split(","))) and int(cc) <= int(threads), f"run: {lines}"
 PY
 printf '%-44s %s\n' "torch.compile workers (torchrun, run)" "as above"
+passed=$((passed + 1))
+
+# The GPU check's dry mode: the whole of scripts/gpu-check.sh on CPU, with the
+# NVML stand-in and the test GPU machine (tests/support), a tiny model: five
+# configurations, each with an interval, in under 3 minutes.
+t0=$(date +%s)
+PYTHON=$(command -v python) scripts/gpu-check.sh --dry "$out/gpu-check" >"$out/gpu-check.log" 2>&1 ||
+  { tail -40 "$out/gpu-check.log"; echo "FAIL gpu-check --dry"; exit 1; }
+python - "$out/gpu-check" "$(($(date +%s) - t0))" <<'PY'
+import json, re, sys
+out, secs = sys.argv[1], int(sys.argv[2])
+r = json.load(open(f"{out}/report.json"))
+names = [c["config"] for c in r["configs"]]
+assert names in (["unset", "torchrun", "torchrun-numa", "threadwise", "tuned"],
+                 ["unset", "torchrun", "threadwise", "tuned"]), names
+for c in r["configs"]:
+    if c["config"] == "torchrun-numa":  # no accelerator here: it fails, and the notes say why
+        assert any(n.startswith("torchrun-numa: every run failed") for n in r["notes"]) or c["images_per_s"], r["notes"]
+        continue
+    assert c["failed"] == 0 and c["images_per_s"]["low"] is not None, c
+    assert c["gpu_util_pct"]["low"] is not None and c["cpu_util_pct"]["low"] is not None, c
+    assert c["config"] == "unset" or c["vs_unset"]["low"] is not None, c
+# Every figure is the client's own line.
+for t in r["trials"]:
+    if t["images_per_s"] is not None:
+        assert float(re.search(r"=([0-9.]+)", t["line"]).group(1)) == t["images_per_s"], t
+md = open(f"{out}/report.md").read()
+assert "| tuned |" in md and "## What the machine allows" in md, md
+files = sorted(__import__("os").listdir(out))
+assert len(files) <= 8, files
+assert secs < 180, f"the dry mode took {secs} s"
+print(f"{'gpu-check --dry':<44} {len(r['configs'])} configurations, {secs} s, {len(files)} files")
+PY
 passed=$((passed + 1))
 
 # Ray Train (opt-in: THREADWISE_E2E_RAY=1 installs ray[train] into the venv):
