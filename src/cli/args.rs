@@ -49,8 +49,17 @@ pub(crate) enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff): threadwise man | man -l -
-    Man,
+    /// Print a man page (roff): threadwise man run | man -l -
+    Man {
+        /// The subcommand's page (topo, plan, run, bind, tune, doctor, top,
+        /// completions); none: the tool's own page
+        #[arg(value_name = "SUBCOMMAND")]
+        sub: Option<String>,
+        /// Write every page into DIR instead (threadwise.1, threadwise-run.1,
+        /// ...), as a packager installs them
+        #[arg(long, value_name = "DIR", conflicts_with = "sub")]
+        dir: Option<PathBuf>,
+    },
     /// Kill and remove a job cgroup when stdin closes (started by run itself)
     #[command(name = "__watchdog", hide = true)]
     Watchdog { dir: PathBuf },

@@ -79,23 +79,83 @@ pub(crate) fn emit(text: &str) -> Result<Exit, Failure> {
     }
 }
 
-/// `threadwise completions SHELL` and `threadwise man`, from the clap definitions.
+/// `threadwise completions SHELL`, from the clap definitions.
 fn generated(command: &Command) -> Result<Exit, Failure> {
     use clap::CommandFactory;
     let mut cmd = Cli::command();
     let mut out = Vec::new();
-    match command {
-        Command::Completions { shell } => {
-            clap_complete::generate(*shell, &mut cmd, "threadwise", &mut out);
-        }
-        _ => clap_mangen::Man::new(cmd).render(&mut out).map_err(|e| {
-            Failure::env(
-                format!("cannot render the man page: {e}"),
-                "report this bug",
-            )
-        })?,
+    if let Command::Completions { shell } = command {
+        clap_complete::generate(*shell, &mut cmd, "threadwise", &mut out);
     }
     emit(&String::from_utf8_lossy(&out))
+}
+
+/// The man pages, from the clap definitions: the tool's, and one per visible
+/// subcommand (`threadwise-run(1)`, as git's are), named by the file a
+/// packager installs.
+fn man_pages() -> Vec<(String, clap::Command)> {
+    use clap::CommandFactory;
+    let mut top = Cli::command();
+    top.build();
+    let mut pages = vec![("threadwise".to_string(), top.clone())];
+    for s in top.get_subcommands().filter(|s| !s.is_hide_set()) {
+        if s.get_name() == "help" {
+            continue;
+        }
+        let name = format!("threadwise-{}", s.get_name());
+        // clap names are 'static; a page is rendered once per process.
+        let leaked: &'static str = Box::leak(name.clone().into_boxed_str());
+        pages.push((name, s.clone().name(leaked)));
+    }
+    pages
+}
+
+fn render_man(cmd: clap::Command) -> Result<Vec<u8>, Failure> {
+    let mut out = Vec::new();
+    clap_mangen::Man::new(cmd).render(&mut out).map_err(|e| {
+        Failure::env(
+            format!("cannot render the man page: {e}"),
+            "report this bug",
+        )
+    })?;
+    Ok(out)
+}
+
+/// `threadwise man [SUBCOMMAND]`, or every page into `--dir`.
+fn man(sub: Option<&str>, dir: Option<&std::path::Path>) -> Result<Exit, Failure> {
+    let pages = man_pages();
+    if let Some(dir) = dir {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            Failure::env(
+                format!("cannot create --dir {}: {e}", dir.display()),
+                "give a directory you can write",
+            )
+        })?;
+        for (name, cmd) in pages {
+            let path = dir.join(format!("{name}.1"));
+            std::fs::write(&path, render_man(cmd)?).map_err(|e| {
+                Failure::env(
+                    format!("cannot write {}: {e}", path.display()),
+                    "give a directory you can write",
+                )
+            })?;
+            crate::say!("threadwise: wrote {}", path.display());
+        }
+        return Ok(Exit::OK);
+    }
+    let want = sub.map_or("threadwise".to_string(), |s| format!("threadwise-{s}"));
+    let Some((_, cmd)) = pages.into_iter().find(|(n, _)| *n == want) else {
+        let names: Vec<String> = man_pages()
+            .into_iter()
+            .skip(1)
+            .map(|(n, _)| n.trim_start_matches("threadwise-").to_string())
+            .collect();
+        return Err(Failure::usage(
+            format!("man: no page for {:?}", sub.unwrap_or_default()),
+            format!("pages: {} (or none, for the tool's own)", names.join(", ")),
+        ));
+    };
+    emit(&String::from_utf8_lossy(&render_man(cmd)?))
 }
 
 /// Where `run`'s command starts in `argv`, as clap reads it (None for any
@@ -197,7 +257,8 @@ pub(crate) fn main() -> i32 {
         Command::Tune(a) => tune::tune_cmd(a),
         Command::Doctor(a) => doctor::doctor(a),
         Command::Top(a) => top::top_cmd(a),
-        c @ (Command::Completions { .. } | Command::Man) => generated(&c),
+        Command::Man { sub, dir } => man(sub.as_deref(), dir.as_deref()),
+        c @ Command::Completions { .. } => generated(&c),
         Command::Watchdog { dir } => Ok(Exit(crate::launch::contain::watchdog(&dir))),
     };
     match result {

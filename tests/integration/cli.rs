@@ -309,6 +309,84 @@ fn completions_and_man_page_come_from_the_cli() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// Every subcommand has its own page, and the page names every flag its
+/// --help has; `--dir` writes them all as a packager installs them; an
+/// unknown page is a usage error naming the pages there are.
+#[test]
+fn a_man_page_per_subcommand_names_every_flag_of_its_help() {
+    let subs = [
+        "topo",
+        "plan",
+        "run",
+        "bind",
+        "tune",
+        "doctor",
+        "top",
+        "completions",
+    ];
+    let flag = |s: &str| -> std::collections::BTreeSet<String> {
+        s.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+            .filter(|w| w.starts_with("--") && w.len() > 2 && w.as_bytes()[2].is_ascii_lowercase())
+            .map(|w| w.trim_end_matches('-').to_string())
+            .collect()
+    };
+    for sub in subs {
+        let help = threadwise().args([sub, "--help"]).output().unwrap();
+        let out = threadwise().args(["man", sub]).output().unwrap();
+        assert!(out.status.success(), "man {sub}");
+        let man = String::from_utf8(out.stdout).unwrap().replace("\\-", "-");
+        assert!(
+            man.contains(&format!(".TH threadwise-{sub} 1")),
+            "{sub}: {}",
+            &man[..200]
+        );
+        // Flags the help text names in its own prose may be another command's
+        // (`--no-python` in run's help of torchrun): only the options list.
+        let help = String::from_utf8(help.stdout).unwrap();
+        let options = help.split("Options:").nth(1).unwrap_or("");
+        let want: Vec<String> = options
+            .lines()
+            .filter(|l| l.trim_start().starts_with('-'))
+            .flat_map(|l| {
+                flag(
+                    l.split("  ")
+                        .find(|p| p.trim_start().starts_with('-'))
+                        .unwrap_or(""),
+                )
+            })
+            .collect();
+        assert!(
+            !want.is_empty() || sub == "completions",
+            "{sub}: no flags in\n{help}"
+        );
+        for f in want {
+            assert!(man.contains(&f), "threadwise man {sub} lacks {f}");
+        }
+    }
+    let d = tempfile::tempdir().unwrap();
+    let out = threadwise()
+        .arg("man")
+        .arg("--dir")
+        .arg(d.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let mut files: Vec<String> = std::fs::read_dir(d.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert!(files.contains(&"threadwise.1".to_string()));
+    for sub in subs {
+        assert!(files.contains(&format!("threadwise-{sub}.1")), "{files:?}");
+    }
+    assert!(!files.iter().any(|f| f.contains("watchdog")), "{files:?}");
+    let bad = threadwise().args(["man", "nope"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    let e = String::from_utf8(bad.stderr).unwrap();
+    assert!(e.contains("no page for") && e.contains("run, bind"), "{e}");
+}
+
 #[test]
 fn plan_json_has_the_contract_fields() {
     let out = threadwise()
