@@ -345,6 +345,21 @@ pub(super) fn bind_cmd(a: BindCmd) -> Result<Exit, Failure> {
             derived.join(" ")
         );
     }
+    // Outside a launcher (--local-rank given, no RANK): said once, by rank 0.
+    if given.is_some_and(|(k, _)| k == 0)
+        && !a.dry_run
+        && current("RANK").is_none()
+        && l.env.contains_key("RANK")
+    {
+        let set: Vec<String> = ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
+            .iter()
+            .filter_map(|k| Some(format!("{k}={}", l.env.get(*k)?)))
+            .collect();
+        crate::say!(
+            "threadwise: {} and each rank's own RANK (unset: one node, as torchrun --standalone numbers it)",
+            set.join(" ").replacen("RANK=0 ", "", 1)
+        );
+    }
     if a.dry_run {
         let one = Plan {
             nproc: 1,

@@ -271,6 +271,9 @@ pub(crate) fn overrides_note(
 /// and WORLD_SIZE added where the launcher did not set them).
 /// `given`: the local rank and size the caller names (`--local-rank`,
 /// `--local-world-size`), in place of a launcher's variables.
+/// torchrun's default port, where `bind --local-rank` makes a one-node job.
+pub(crate) const STANDALONE_PORT: u16 = 29500;
+
 pub(crate) fn bind_launch(
     mut t: Topology,
     mut req: PlanRequest,
@@ -320,6 +323,13 @@ pub(crate) fn bind_launch(
     if let Some((rank_no, world)) = launcher.global {
         add("RANK", rank_no.to_string());
         add("WORLD_SIZE", world.to_string());
+    } else if given.is_some() && current("RANK").is_none() && current("WORLD_SIZE").is_none() {
+        // Ranks the caller numbered with --local-rank, and nothing else
+        // numbered: one node, as torchrun --standalone would make it.
+        add("RANK", launcher.local_rank.to_string());
+        add("WORLD_SIZE", launcher.local_size.to_string());
+        add("MASTER_ADDR", "127.0.0.1".into());
+        add("MASTER_PORT", STANDALONE_PORT.to_string());
     }
     if launcher.name == "Slurm" {
         let (addr, port) = detect::slurm_master(current);

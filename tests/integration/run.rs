@@ -775,3 +775,65 @@ fn multi_node_dry_run_shows_the_nodes_ranks() {
         assert!(text.contains(want), "{want:?} in {text}");
     }
 }
+
+/// `bind --local-rank K --local-world-size N` outside any launcher makes a
+/// one-node job as torchrun --standalone would: RANK = K, WORLD_SIZE = N,
+/// MASTER_ADDR 127.0.0.1 and torchrun's port, said once by rank 0; a RANK the
+/// caller set is left alone.
+#[test]
+fn bind_outside_a_launcher_numbers_the_ranks_as_one_node() {
+    let show = "echo RANK=$RANK WORLD_SIZE=$WORLD_SIZE LOCAL_RANK=$LOCAL_RANK \
+                MASTER=$MASTER_ADDR:$MASTER_PORT";
+    let clean = |c: &mut Command| {
+        for k in [
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "SLURM_PROCID",
+            "OMPI_COMM_WORLD_RANK",
+            "PMI_RANK",
+        ] {
+            c.env_remove(k);
+        }
+    };
+    for k in 0..2 {
+        let mut c = Command::new(bin());
+        clean(&mut c);
+        let out = c
+            .args([
+                "bind",
+                "--local-rank",
+                &k.to_string(),
+                "--local-world-size",
+                "2",
+            ])
+            .args(["--", "sh", "-c", show])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stdout).trim(),
+            format!("RANK={k} WORLD_SIZE=2 LOCAL_RANK={k} MASTER=127.0.0.1:29500")
+        );
+        let said = text(&out.stderr).contains("as torchrun --standalone numbers it");
+        assert_eq!(said, k == 0, "said once, by rank 0: {}", text(&out.stderr));
+    }
+    let mut c = Command::new(bin());
+    clean(&mut c);
+    let out = c
+        .env("RANK", "5")
+        .env("WORLD_SIZE", "8")
+        .env("MASTER_ADDR", "10.0.0.1")
+        .env("MASTER_PORT", "1234")
+        .args(["bind", "--local-rank", "1", "--local-world-size", "2"])
+        .args(["--", "sh", "-c", show])
+        .output()
+        .unwrap();
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "RANK=5 WORLD_SIZE=8 LOCAL_RANK=1 MASTER=10.0.0.1:1234"
+    );
+}
