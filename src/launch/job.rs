@@ -35,6 +35,12 @@ pub(crate) fn run(s: &RunSettings) -> Result<i32, JobError> {
     if let (_, Some(w)) = prepare::check_bindings(&mut launches, s.allow_unbound)? {
         crate::say!("threadwise: warning: {w}");
     }
+    if !s.quiet {
+        crate::say!(
+            "threadwise: {}",
+            super::report::placement_line(&launches, 0)
+        );
+    }
     let errors = ErrorFiles::new(s.log_dir.as_deref())?;
     let outcome = supervise_node(s, launches, &errors, None, 0, None)?;
     Ok(finish(s, &outcome, &errors))

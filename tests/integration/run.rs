@@ -837,3 +837,37 @@ fn bind_outside_a_launcher_numbers_the_ranks_as_one_node() {
         "RANK=5 WORLD_SIZE=8 LOCAL_RANK=1 MASTER=10.0.0.1:1234"
     );
 }
+
+/// Before any rank's output, `run` says where each rank goes: its CPUs,
+/// threads, workers, memory and GPU, in one line (not with -q).
+#[test]
+fn run_names_each_ranks_cpus_before_their_output() {
+    let script = format!("{} run -n 2 -- echo hello 2>&1", bin().display());
+    let out = Command::new("sh").args(["-c", &script]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let all = text(&out.stdout);
+    let line = all
+        .lines()
+        .find(|l| l.starts_with("threadwise: ranks 0-1: cpus "))
+        .unwrap_or_else(|| panic!("no placement line in {all}"));
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus >= 2 {
+        assert!(line.contains("cpus 0 | 1;"), "{line}");
+    }
+    for part in ["; threads ", "; workers ", "; memory ", "; GPU "] {
+        assert!(line.contains(part), "{line}");
+    }
+    assert!(
+        all.find(line).unwrap() < all.find("[rank ").unwrap(),
+        "{all}"
+    );
+    let quiet = Command::new(bin())
+        .args(["run", "-n", "2", "-q", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(
+        !text(&quiet.stderr).contains("cpus "),
+        "{}",
+        text(&quiet.stderr)
+    );
+}

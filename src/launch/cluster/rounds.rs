@@ -219,7 +219,7 @@ impl Rounds<'_> {
             "threadwise: {host}: node {} of {} ({}), ranks {}-{last} of {}, MASTER_ADDR={} MASTER_PORT={}{}",
             s.node_rank,
             s.nnodes,
-            s.hosts.join(", "),
+            crate::launch::report::compact_hosts(&s.hosts),
             s.rank_offset,
             s.world_size,
             s.master_addr,
@@ -232,6 +232,12 @@ impl Rounds<'_> {
         );
         let mut launches = launches_of(run, s, &self.run_id);
         self.relaxed.apply(&mut launches);
+        if !run.quiet {
+            crate::say!(
+                "threadwise: {host}: {}",
+                crate::launch::report::placement_line(&launches, s.rank_offset)
+            );
+        }
         collective_ifname(&s.master_addr, &mut launches, s.round == 0);
         let dir = self.logs.as_ref().map(|d| match s.round {
             0 => d.clone(),

@@ -314,16 +314,26 @@ fn run_forms_one_job_across_hosts_and_stays_the_supervisor() {
     );
     for (h, ranks) in [("host0", [0, 1]), ("host1", [2, 3])] {
         let out = read(d.path(), h);
-        // threadwise's own output: the node line, prefixed global ranks, the summary.
+        // threadwise's own output: the node line (hosts as Slurm compacts
+        // them), where each rank goes before any rank's output, prefixed global
+        // ranks, the summary.
         assert!(
             out.contains(&format!(
-                "{h}: node {} of 2 (host0, host1), ranks {}-{} of 4, MASTER_ADDR=10.77.0.10",
+                "{h}: node {} of 2 (host[0-1]), ranks {}-{} of 4, MASTER_ADDR=10.77.0.10",
                 ranks[0] / 2,
                 ranks[0],
                 ranks[1]
             )),
             "{out}"
         );
+        let placed = out
+            .find(&format!(
+                "threadwise: {h}: ranks {}-{}: cpus ",
+                ranks[0], ranks[1]
+            ))
+            .unwrap_or_else(|| panic!("no placement line in {out}"));
+        let first_rank = out.find("[rank ").unwrap();
+        assert!(placed < first_rank, "the placement line comes first: {out}");
         assert!(out.contains("threadwise: 2 rank(s) in"), "{out}");
         for r in ranks {
             let line = out
