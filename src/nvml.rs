@@ -12,14 +12,26 @@ use serde::{Deserialize, Serialize};
 /// The variable naming the NVML library to load.
 pub(crate) const LIBRARY_VAR: &str = "THREADWISE_NVML_LIBRARY";
 
-/// NVML, or why it did not load.
+/// NVML, or why it did not load, in words: the library that is missing or
+/// the call that failed (nvml-wrapper's "a libloading error occurred: ..."
+/// says the first without naming it).
 pub(crate) fn open() -> Result<Nvml, String> {
     match std::env::var_os(LIBRARY_VAR) {
         Some(path) if !path.is_empty() => Nvml::builder()
             .lib_path(OsStr::new(&path))
             .init()
-            .map_err(|e| format!("{} ({LIBRARY_VAR}={})", e, path.to_string_lossy())),
-        _ => Nvml::init().map_err(|e| e.to_string()),
+            .map_err(|e| format!("{} ({LIBRARY_VAR}={})", said(&e), path.to_string_lossy())),
+        _ => Nvml::init().map_err(|e| said(&e)),
+    }
+}
+
+fn said(e: &nvml_wrapper::error::NvmlError) -> String {
+    use nvml_wrapper::error::NvmlError;
+    match e {
+        NvmlError::LibloadingError(l) => {
+            format!("the NVIDIA driver's library does not load ({l})")
+        }
+        e => e.to_string(),
     }
 }
 

@@ -428,6 +428,14 @@ pub(crate) fn dry_run(
             };
             s.push_str(&format!("  {k}={}{was}\n", quote(v)));
         }
+        if mover {
+            // Set at start, where the directory is made (ErrorFiles).
+            s.push_str(&format!(
+                "  TORCHELASTIC_ERROR_FILE=<--log-dir, else a private directory>/{}   (set at start: \
+                 where torch's @record writes the rank's exception, said if it fails)\n",
+                super::env::error_file(std::path::Path::new(""), l.local_rank).display()
+            ));
+        }
     }
     s
 }

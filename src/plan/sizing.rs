@@ -164,21 +164,37 @@ fn within_budget(
 ) -> usize {
     let budget = topo.cpu_budget / nproc as f64;
     let budget_cap = (budget.floor() as usize).max(1);
+    // Where the budget comes from: a CPU quota below the allowed CPUs, or the
+    // allowed CPUs themselves (a cpuset, the machine).
+    let quota = topo
+        .limits
+        .cpu_quota
+        .is_some_and(|q| q < topo.allowed_cpus.len() as f64);
+    let source = if quota {
+        format!("the cgroup CPU quota of {:.2} CPUs", topo.cpu_budget)
+    } else {
+        format!("the {} allowed CPU(s)", topo.allowed_cpus.len())
+    };
     let mut threads = threads;
     if threads > budget_cap {
+        let verb = if quota { "allows" } else { "allow" };
         reasons.push(format!(
-            "the cgroup CPU budget of {:.2} CPUs over {nproc} rank(s) allows {budget_cap} thread(s) each",
-            topo.cpu_budget
+            "{source} over {nproc} rank(s) {verb} {budget_cap} thread(s) each"
         ));
         threads = budget_cap;
     }
     if budget < 1.0 {
-        reasons.push(format!(
-            "the cgroup CPU budget of {:.2} CPUs gives each of {nproc} rank(s) {budget:.2} CPU: \
-             less than one, so the quota throttles every rank whatever the threads; \
-             raise the quota or start fewer ranks",
-            topo.cpu_budget
-        ));
+        reasons.push(if quota {
+            format!(
+                "{source} gives each of {nproc} rank(s) {budget:.2} CPU: less than one, so the \
+                 quota throttles every rank whatever the threads; raise the quota or start fewer ranks"
+            )
+        } else {
+            format!(
+                "{source} give each of {nproc} rank(s) {budget:.2} CPU: less than one, so ranks \
+                 share CPUs and wait for each other; start fewer ranks or allow more CPUs"
+            )
+        });
     }
     threads
 }

@@ -27,7 +27,32 @@ fn quota_caps_threads() {
     let p = plan(&t, &req(2), &Facts::default()).unwrap();
     assert_eq!(p.ranks[0].cores, 4);
     assert_eq!(p.ranks[0].threads, 1, "2 CPUs of quota over 2 ranks");
-    assert!(p.ranks[0].reasons.iter().any(|r| r.contains("budget")));
+    assert!(
+        p.ranks[0]
+            .reasons
+            .iter()
+            .any(|r| r.contains("the cgroup CPU quota of 2.00 CPUs over 2 rank(s) allows 1")),
+        "{:?}",
+        p.ranks[0].reasons
+    );
+}
+
+/// Fewer CPUs than ranks with no quota: the reason names the allowed CPUs,
+/// not a quota the machine does not have.
+#[test]
+fn a_cpuset_budget_is_not_called_a_quota() {
+    let t = synthetic::parse("core:2").unwrap();
+    let r = PlanRequest {
+        oversubscribe: true,
+        ..req(4)
+    };
+    let p = plan(&t, &r, &Facts::default()).unwrap();
+    let said = p.ranks[0].reasons.join("\n");
+    assert!(
+        said.contains("the 2 allowed CPU(s) give each of 4 rank(s) 0.50 CPU"),
+        "{said}"
+    );
+    assert!(!said.contains("quota"), "{said}");
 }
 
 #[test]

@@ -508,3 +508,65 @@ fn reserve_narrows_what_ranks_get() {
     );
     assert!(line.contains("--reserve 1"), "{line}");
 }
+
+/// Every variable `plan` and `run --dry-run` export is documented (docs/plan.md
+/// for the plan's, docs/run.md for the launcher's), so the list cannot drift.
+#[test]
+fn every_exported_variable_is_documented() {
+    let docs = ["docs/plan.md", "docs/run.md"]
+        .map(|p| {
+            std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(p))
+                .unwrap()
+        })
+        .concat();
+    let mut names = std::collections::BTreeSet::new();
+    for machine in ["package:1 core:8 gpu:2", "package:2 numa:2 core:4 pu:2"] {
+        let out = threadwise()
+            .args(["plan", "--synthetic", machine, "-n", "2", "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let p: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        for r in p["ranks"].as_array().unwrap() {
+            names.extend(r["env"].as_object().unwrap().keys().cloned());
+        }
+    }
+    let dry = threadwise()
+        .args(["run", "-n", "2", "--dry-run", "--", "true"])
+        .output()
+        .unwrap();
+    for l in String::from_utf8_lossy(&dry.stdout).lines() {
+        if let Some((k, _)) = l.strip_prefix("  ").and_then(|l| l.split_once('=')) {
+            if k.chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+            {
+                names.insert(k.to_string());
+            }
+        }
+    }
+    assert!(
+        names.contains("OMP_NUM_THREADS") && names.contains("RANK"),
+        "{names:?}"
+    );
+    assert!(
+        names.contains("TORCHELASTIC_ERROR_FILE"),
+        "the dry run names it: {names:?}"
+    );
+    let word = |n: &str| {
+        docs.match_indices(n).any(|(i, _)| {
+            let before = docs[..i].chars().next_back();
+            let after = docs[i + n.len()..].chars().next();
+            let edge = |c: Option<char>| !c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+            edge(before) && edge(after)
+        })
+    };
+    let missing: Vec<&String> = names.iter().filter(|n| !word(n)).collect();
+    assert!(
+        missing.is_empty(),
+        "exported but not in docs/plan.md or docs/run.md: {missing:?}"
+    );
+}
