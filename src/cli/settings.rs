@@ -13,8 +13,14 @@ use crate::plan::PlanRequest;
 use crate::topology::probe::{self, Source};
 use crate::topology::{Topology, TopologyError};
 
+/// A topology that cannot be had: exit 2 when it is a value typed on the
+/// command line (`--synthetic`), 3 when it is what was read from the machine
+/// or a dump of one (docs/exit-codes.md's rule).
 pub(super) fn topology_failure(e: TopologyError) -> Failure {
-    Failure::env(e.to_string(), e.hint())
+    match e {
+        TopologyError::Synthetic { .. } => Failure::usage(e.to_string(), e.hint()),
+        e => Failure::env(e.to_string(), e.hint()),
+    }
 }
 
 /// Where the options say the topology comes from.

@@ -118,10 +118,22 @@ fn impossible_requests_name_what_is_short() {
         3,
         &["/nonexistent is not a topology root", "hint: "],
     );
+    // A description typed on the command line is a usage error (2); a dump
+    // or export stands for a machine (3): docs/exit-codes.md's rule.
     fails(
         &["topo", "--synthetic", "core:0"],
-        3,
+        2,
         &["invalid synthetic topology"],
+    );
+    fails(
+        &["plan", "--synthetic", "garbage"],
+        2,
+        &["is not key:value"],
+    );
+    fails(
+        &["run", "--plan", "/nonexistent", "--", "true"],
+        2,
+        &["cannot read --plan /nonexistent"],
     );
     fails(
         &["topo", "--topology", "/nonexistent.xml"],
