@@ -234,10 +234,15 @@ pub(crate) fn text(topo: &Topology, plan: Option<&Plan>, colour: bool) -> String
         tail.extend(devs);
         let _ = writeln!(out, "{} {}", " ".repeat(INDENT - 1), tail.join(" "));
     }
-    out.push_str(
-        "legend: one cell per core; A B ... a rank computes there, a b ... only its\n\
-         DataLoader workers run there; . idle; x not allowed; gpuN:A the rank driving it\n",
-    );
+    // The legend says only what this picture can show: rank letters with a
+    // plan, the machine's cores and devices without one.
+    out.push_str(if plan.is_some() {
+        "legend: one cell per core; A B ... a rank computes there; a b ... only that rank's\n\
+         DataLoader workers run there; . idle; x not allowed; gpuN:A rank A drives GPU N\n"
+    } else {
+        "legend: one cell per core; . a core this process may use; x not allowed;\n\
+         under each node its memory and the GPUs and NICs attached to it\n"
+    });
     out
 }
 

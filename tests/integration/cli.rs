@@ -582,3 +582,39 @@ fn every_exported_variable_is_documented() {
         "exported but not in docs/plan.md or docs/run.md: {missing:?}"
     );
 }
+
+/// The README's placement picture is the binary's: its lines are the first
+/// lines `threadwise plan` draws for the command the README names under it.
+#[test]
+fn the_readme_picture_is_what_the_binary_draws() {
+    let readme =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+            .unwrap();
+    let start = readme.find("```\n8 rank(s)").expect("the picture block") + 4;
+    let block: Vec<&str> = readme[start..]
+        .split("\n```")
+        .next()
+        .unwrap()
+        .lines()
+        .filter(|l| *l != "...")
+        .collect();
+    let cmd = readme[start..]
+        .split("(`threadwise ")
+        .nth(1)
+        .and_then(|r| r.split("`)").next())
+        .expect("the command under the picture");
+    let desc = cmd
+        .split("--synthetic \"")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches('"');
+    let n = cmd.split("-n ").nth(1).unwrap().split(' ').next().unwrap();
+    let out = threadwise()
+        .args(["plan", "-n", n, "--picture", "--synthetic", desc])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let drawn = String::from_utf8(out.stdout).unwrap();
+    let drawn: Vec<&str> = drawn.lines().collect();
+    assert_eq!(block, drawn[..block.len()], "README.md's picture");
+}
