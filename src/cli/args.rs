@@ -472,7 +472,8 @@ pub(crate) struct DoctorCmd {
     /// With --fix: write the sysctl settings to FILE (a sysctl.d file)
     #[arg(long, value_name = "FILE", requires = "fix")]
     pub write: Option<PathBuf>,
-    /// Local ranks you mean to start (default: one per GPU, else 1)
+    /// Local ranks you mean to start (default: as run -n auto: one per GPU,
+    /// else one per NUMA node with allowed CPUs)
     #[arg(short = 'n', long = "nproc-per-node", value_name = "N",
           value_parser = clap::value_parser!(u64).range(1..=MAX_RANKS as u64).map(|v| v as usize))]
     pub nproc: Option<usize>,

@@ -7,9 +7,11 @@ use crate::topology::Topology;
 
 const MIB: u64 = 1 << 20;
 
-/// The ranks the user means: asked for, else one per GPU, else one.
+/// The ranks the user means: asked for, else what `run -n auto` starts (one
+/// per GPU, else one per NUMA node with allowed CPUs).
 pub(super) fn ranks(topo: &Topology, req: &Request) -> usize {
-    req.nproc.unwrap_or(topo.gpus.len().max(1))
+    req.nproc
+        .unwrap_or_else(|| crate::plan::auto_ranks(topo, topo.gpus.len()))
 }
 
 pub(super) fn threads(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut Vec<Finding>) {

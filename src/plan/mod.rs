@@ -260,6 +260,16 @@ fn select_gpus<'t>(topo: &'t Topology, req: &PlanRequest) -> Result<Vec<&'t PciD
     }
 }
 
+/// `-n auto`: one rank per GPU (`gpus` of them), else one per NUMA node with
+/// allowed CPUs. doctor's default is the same, so it checks what run starts.
+pub(crate) fn auto_ranks(topo: &Topology, gpus: usize) -> usize {
+    if gpus > 0 {
+        gpus
+    } else {
+        topo.cpu_nodes().count().max(1)
+    }
+}
+
 fn rank_count(
     topo: &Topology,
     req: &PlanRequest,
@@ -272,7 +282,7 @@ fn rank_count(
         NProc::Gpu => (gpus, format!("{gpus} ranks: one per GPU")),
         NProc::Auto if gpus > 0 => (gpus, format!("{gpus} ranks: one per visible GPU")),
         NProc::Auto => {
-            let k = topo.cpu_nodes().count().max(1);
+            let k = auto_ranks(topo, 0);
             (
                 k,
                 format!("{k} ranks: one per NUMA node with allowed CPUs (no GPU)"),

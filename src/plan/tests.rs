@@ -440,3 +440,23 @@ fn reserve_keeps_cores_out_of_every_rank() {
         Err(PlanError::ReservedAll { .. })
     ));
 }
+
+/// docs/plan.md's worker formula for CPU ranks, clamp(cores/4, 2, 4), and
+/// its figures: 2 up to 11 cores, 3 for 12-15, 4 from 16.
+#[test]
+fn cpu_rank_workers_follow_the_documented_formula() {
+    for (cores, want) in [
+        (2, 2),
+        (4, 2),
+        (8, 2),
+        (11, 2),
+        (12, 3),
+        (15, 3),
+        (16, 4),
+        (32, 4),
+    ] {
+        let t = synthetic::parse(&format!("core:{cores}")).unwrap();
+        let p = plan(&t, &req(1), &Facts::default()).unwrap();
+        assert_eq!(p.ranks[0].workers, want, "{cores} cores");
+    }
+}

@@ -250,3 +250,25 @@ fn preflight_keeps_warnings_but_not_what_run_fixes_itself() {
     let g = preflight(&base(), &topo("core:4 gpu:2"), 2);
     assert!(g.iter().all(|x| x.area != Area::Gpu), "{g:?}");
 }
+
+/// Without -n, doctor checks the ranks `run -n auto` would start: one per
+/// GPU, else one per NUMA node with CPUs (it assumed one).
+#[test]
+fn the_default_ranks_are_run_auto() {
+    let req = Request::default();
+    for (desc, want) in [
+        ("package:2 numa:2 core:4", 4),
+        ("package:2 core:4", 2),
+        ("core:4", 1),
+        ("package:1 core:8 gpu:4", 4),
+    ] {
+        let t = topo(desc);
+        assert_eq!(checks::ranks(&t, &req), want, "{desc}");
+        let p = crate::plan::plan(
+            &t,
+            &crate::plan::PlanRequest::default(),
+            &Default::default(),
+        );
+        assert_eq!(p.unwrap().nproc, want, "plan -n auto on {desc}");
+    }
+}
