@@ -272,3 +272,32 @@ fn the_default_ranks_are_run_auto() {
         assert_eq!(p.unwrap().nproc, want, "plan -n auto on {desc}");
     }
 }
+
+/// docs/watch.md's table names every finding the code can make.
+#[test]
+fn every_finding_is_in_the_docs_table() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/watch.md")).unwrap();
+    let mut ids = vec![];
+    for f in std::fs::read_dir(root.join("src/doctor")).unwrap() {
+        let path = f.unwrap().path();
+        if path.extension().is_some_and(|e| e == "rs") {
+            let src = std::fs::read_to_string(&path).unwrap();
+            // Literal ids only (a few are built at run time: network.*).
+            for part in src.split("Finding::new(").skip(1) {
+                if let Some(id) = part.trim_start().strip_prefix('"') {
+                    ids.push(id[..id.find('"').unwrap()].to_string());
+                }
+            }
+        }
+    }
+    assert!(ids.len() > 30, "{ids:?}");
+    let missing: Vec<&String> = ids
+        .iter()
+        .filter(|id| !doc.contains(&format!("`{id}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "findings not in docs/watch.md: {missing:?}"
+    );
+}
