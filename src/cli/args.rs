@@ -125,6 +125,7 @@ fn d() -> crate::plan::PlanRequest {
 
 /// The options every command that plans shares (plan, run, bind, tune).
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Placement")]
 pub(crate) struct PlanArgs {
     /// Local ranks: a number, gpu (one per GPU) or auto
     #[arg(short = 'n', long = "nproc-per-node", alias = "nproc_per_node", value_name = "N|gpu|auto", default_value_t = d().nproc,
@@ -137,7 +138,7 @@ pub(crate) struct PlanArgs {
     #[arg(long, value_enum, default_value_t = d().policy)]
     pub policy: Policy,
     /// Count SMT siblings as compute CPUs
-    #[arg(long)]
+    #[arg(hide_short_help = true, long)]
     pub smt: bool,
     /// Compute threads per rank
     #[arg(long, value_name = "N|auto", default_value_t = d().threads, value_parser = parse_threads)]
@@ -152,10 +153,10 @@ pub(crate) struct PlanArgs {
     #[arg(long, value_enum, default_value_t = d().allocator)]
     pub allocator: AllocatorChoice,
     /// auto: threadwise's rules; seed: the guides' formulas, with what they get wrong
-    #[arg(long, value_enum, default_value_t = d().profile)]
+    #[arg(hide_short_help = true, long, value_enum, default_value_t = d().profile)]
     pub profile: Profile,
     /// Mixed precision (the seed profile caps threads at 2)
-    #[arg(long)]
+    #[arg(hide_short_help = true, long)]
     pub amp: bool,
     /// Nodes in the job (the seed profile divides by the global world size)
     #[arg(long, default_value_t = d().nnodes as u32, value_parser = clap::value_parser!(u32).range(1..))]
@@ -164,13 +165,13 @@ pub(crate) struct PlanArgs {
     #[arg(long)]
     pub oversubscribe: bool,
     /// Also set OMP_PROC_BIND=close OMP_PLACES=cores (pins the main thread: see docs/plan.md)
-    #[arg(long)]
+    #[arg(hide_short_help = true, long)]
     pub omp_bind: bool,
     /// How idle OpenMP threads wait: OMP_WAIT_POLICY, GOMP_SPINCOUNT, KMP_BLOCKTIME
-    #[arg(long, value_enum, default_value_t = d().omp_wait)]
+    #[arg(hide_short_help = true, long, value_enum, default_value_t = d().omp_wait)]
     pub omp_wait: WaitPolicy,
     /// Keep cores for the OS, IRQs and the launcher: N per NUMA node, or cpus:LIST
-    #[arg(long, value_name = "N|cpus:LIST", default_value_t = d().reserve, value_parser = parse_reserve)]
+    #[arg(hide_short_help = true, long, value_name = "N|cpus:LIST", default_value_t = d().reserve, value_parser = parse_reserve)]
     pub reserve: Reserve,
 }
 
@@ -260,22 +261,29 @@ pub(crate) struct RunCmd {
     #[command(flatten)]
     pub plan: PlanArgs,
     /// Print each rank's environment, CPU set, memory policy and argv; start nothing
-    #[arg(long)]
+    #[arg(long, help_heading = "Launch")]
     pub dry_run: bool,
     /// MASTER_ADDR for the ranks
-    #[arg(long, alias = "master_addr", default_value = "127.0.0.1")]
+    #[arg(
+        hide_short_help = true,
+        help_heading = "Launch",
+        long,
+        alias = "master_addr",
+        default_value = "127.0.0.1"
+    )]
     pub master_addr: String,
     /// MASTER_PORT for the ranks (default: a free port)
-    #[arg(long, alias = "master_port", value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(hide_short_help = true, help_heading = "Launch", long, alias = "master_port", value_parser = clap::value_parser!(u16).range(1..))]
     pub master_port: Option<u16>,
     /// Seconds between SIGTERM and SIGKILL when stopping ranks
-    #[arg(long, default_value = "10", value_name = "SECS", value_parser = parse_grace)]
+    #[arg(hide_short_help = true, help_heading = "Launch", long, default_value = "10", value_name = "SECS", value_parser = parse_grace)]
     pub grace: Duration,
     /// Do not prefix output lines with [rank K]
-    #[arg(long)]
+    #[arg(hide_short_help = true, help_heading = "Output", long)]
     pub no_prefix: bool,
     /// Show only these ranks' output on the terminal: 0,3
     #[arg(
+        help_heading = "Output",
         long,
         alias = "local_ranks_filter",
         value_delimiter = ',',
@@ -283,50 +291,55 @@ pub(crate) struct RunCmd {
     )]
     pub local_ranks_filter: Option<Vec<usize>>,
     /// Also write each rank's stdout and stderr to DIR/rank-K.stdout|stderr
-    #[arg(long, alias = "log_dir", value_name = "DIR")]
+    #[arg(help_heading = "Output", long, alias = "log_dir", value_name = "DIR")]
     pub log_dir: Option<PathBuf>,
     /// Start ranks unbound when the kernel refuses the binding
-    #[arg(long)]
+    #[arg(long, help_heading = "Launch")]
     pub allow_unbound: bool,
     /// Skip the quick doctor checks before starting
-    #[arg(long)]
+    #[arg(hide_short_help = true, long, help_heading = "Launch")]
     pub no_doctor: bool,
     /// Leave DataLoader workers (child processes running the rank's own
     /// program) on the rank's CPUs instead of moving them to its worker CPUs
-    #[arg(long)]
+    #[arg(hide_short_help = true, long, help_heading = "Launch")]
     pub no_move_workers: bool,
     /// Show the live view (threadwise top) in place of the ranks' output
     /// (which still goes to --log-dir)
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     pub top: bool,
     /// No per-rank summary at the end
-    #[arg(long, short = 'q')]
+    #[arg(help_heading = "Output", long, short = 'q')]
     pub quiet: bool,
     /// This node's rank in a multi-node job (default: given at the rendezvous,
     /// the endpoint's own node first)
-    #[arg(long, alias = "node_rank")]
+    #[arg(help_heading = "Multi-node", long, alias = "node_rank")]
     pub node_rank: Option<u32>,
     /// Rendezvous endpoint HOST:PORT, the same on every node; the node that
     /// owns the address hosts it (multi-node)
-    #[arg(long, alias = "rdzv_endpoint", value_name = "HOST:PORT")]
+    #[arg(
+        help_heading = "Multi-node",
+        long,
+        alias = "rdzv_endpoint",
+        value_name = "HOST:PORT"
+    )]
     pub rdzv_endpoint: Option<String>,
     /// Rendezvous id shared by every node of the job (default: SLURM_JOB_ID, else "none")
-    #[arg(long, alias = "rdzv_id")]
+    #[arg(help_heading = "Multi-node", long, alias = "rdzv_id")]
     pub rdzv_id: Option<String>,
     /// Rendezvous backend: c10d or static (torchrun's names; threadwise's
     /// agents serve both, and stay the supervisor on every node)
-    #[arg(long, alias = "rdzv_backend", default_value = "c10d", value_parser = ["c10d", "static"])]
+    #[arg(hide_short_help = true, help_heading = "Multi-node", long, alias = "rdzv_backend", default_value = "c10d", value_parser = ["c10d", "static"])]
     pub rdzv_backend: String,
     /// How long the rendezvous waits for every node to join [default: 600, or
     /// --rdzv-conf's join_timeout]
-    #[arg(long, value_name = "SECS", value_parser = parse_wait)]
+    #[arg(hide_short_help = true, help_heading = "Multi-node", long, value_name = "SECS", value_parser = parse_wait)]
     pub rdzv_timeout: Option<Duration>,
     /// torchrun's rendezvous settings, KEY=VALUE,...: join_timeout (seconds)
     /// is --rdzv-timeout; torchrun's other keys are accepted and have no effect
-    #[arg(long, alias = "rdzv_conf", value_name = "KEY=VALUE,...", value_parser = parse_rdzv_conf)]
+    #[arg(hide_short_help = true, help_heading = "Multi-node", long, alias = "rdzv_conf", value_name = "KEY=VALUE,...", value_parser = parse_rdzv_conf)]
     pub rdzv_conf: Option<RdzvConf>,
     /// A node (or the rendezvous host) silent this long is lost, and the job ends
-    #[arg(long, default_value = "10", value_name = "SECS", value_parser = parse_wait)]
+    #[arg(hide_short_help = true, help_heading = "Multi-node", long, default_value = "10", value_name = "SECS", value_parser = parse_wait)]
     pub heartbeat_timeout: Duration,
     /// Report this node's CPU and GPU use, and global rank 0's throughput, to
     /// the rendezvous after each round (for tune --nnodes, which hosts it)
@@ -340,27 +353,43 @@ pub(crate) struct RunCmd {
     #[arg(long, hide = true)]
     pub plan_request: Option<String>,
     /// Restarts of every node's ranks after a rank fails (multi-node, as torchrun)
-    #[arg(long, alias = "max_restarts", default_value_t = 0)]
+    #[arg(
+        help_heading = "Multi-node",
+        long,
+        alias = "max_restarts",
+        default_value_t = 0
+    )]
     pub max_restarts: u32,
     /// Use a saved plan (threadwise tune --save-plan) instead of planning
-    #[arg(long = "plan", value_name = "FILE")]
+    #[arg(help_heading = "Launch", long = "plan", value_name = "FILE")]
     pub plan_file: Option<PathBuf>,
     /// A file holding the rendezvous secret, the same on every node and
     /// readable by its owner only (else THREADWISE_RDZV_SECRET; under Slurm,
     /// MUNGE with nothing to give; else the rendezvous is open)
-    #[arg(long, value_name = "FILE")]
+    #[arg(help_heading = "Multi-node", long, value_name = "FILE")]
     pub rdzv_secret_file: Option<PathBuf>,
     /// ROLE_NAME for every rank (torchrun's --role)
-    #[arg(long, default_value = crate::launch::env::DEFAULT_ROLE, value_name = "NAME")]
+    #[arg(hide_short_help = true, help_heading = "Launch", long, default_value = crate::launch::env::DEFAULT_ROLE, value_name = "NAME")]
     pub role: String,
     /// torchrun's form: the script is a program to run as it is, not Python
-    #[arg(long, alias = "no_python", conflicts_with = "module")]
+    #[arg(
+        hide_short_help = true,
+        help_heading = "torchrun's command line",
+        long,
+        alias = "no_python",
+        conflicts_with = "module"
+    )]
     pub no_python: bool,
     /// torchrun's form: run the script as a Python module (python -u -m SCRIPT)
-    #[arg(short = 'm', long)]
+    #[arg(
+        hide_short_help = true,
+        help_heading = "torchrun's command line",
+        short = 'm',
+        long
+    )]
     pub module: bool,
     /// Accepted for torchrun's command lines: one node is standalone already
-    #[arg(long)]
+    #[arg(hide_short_help = true, help_heading = "torchrun's command line", long)]
     pub standalone: bool,
     /// Accepted for torchrun's command lines: the ranks' output always
     /// reaches the terminal, and --log-dir writes it to files

@@ -618,3 +618,43 @@ fn the_readme_picture_is_what_the_binary_draws() {
     let drawn: Vec<&str> = drawn.lines().collect();
     assert_eq!(block, drawn[..block.len()], "README.md's picture");
 }
+
+/// `run --help` is grouped under headings, and `-h` is the short form: fewer
+/// lines, the everyday flags, and a pointer to `--help`.
+#[test]
+fn run_help_is_grouped_and_h_is_short() {
+    let long = String::from_utf8(
+        threadwise()
+            .args(["run", "--help"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    for heading in [
+        "Placement:",
+        "Launch:",
+        "Output:",
+        "Multi-node:",
+        "torchrun's command line:",
+    ] {
+        assert!(
+            long.lines().any(|l| l == heading),
+            "no {heading} in\n{long}"
+        );
+    }
+    let short =
+        String::from_utf8(threadwise().args(["run", "-h"]).output().unwrap().stdout).unwrap();
+    assert!(short.lines().count() * 2 < long.lines().count(), "{short}");
+    assert!(short.contains("see more with '--help'"), "{short}");
+    for everyday in [
+        "--nproc-per-node",
+        "--dry-run",
+        "--log-dir",
+        "--nnodes",
+        "--rdzv-endpoint",
+    ] {
+        assert!(short.contains(everyday), "-h lacks {everyday}");
+    }
+    assert!(!short.contains("--rdzv-conf") && long.contains("--rdzv-conf"));
+}
