@@ -4,6 +4,7 @@
 mod births;
 mod cgroups;
 mod cli;
+mod docs;
 mod doctor;
 mod gpus;
 mod hardening;

@@ -1,0 +1,135 @@
+//! The docs' command examples, run: every `threadwise topo|plan|doctor|man|
+//! completions` line in a code block of README.md and docs/*.md runs against
+//! the real binary and must succeed (doctor: 0, or 1 for a failing check it
+//! found). Placeholders become real inputs (`DIR`/`DUMP` a vendored machine
+//! dump, `node.xml` an hwloc export), paths outside the scratch directory
+//! move into it, `| man -l -` becomes `| cat`. An example that needs more
+//! cores than this machine has (`plan -n 8` on 2 cores) runs again on a
+//! synthetic machine, as the docs' figures were made. `run`, `bind` and
+//! `tune` examples start training scripts: tests/integration/run.rs and
+//! tune.rs run those paths, not these lines.
+
+use std::path::Path;
+use std::process::Command;
+
+use super::{extract_dump, scratch, topologies};
+
+/// The machine an example that asks for more than this one runs on.
+const BIGGER: &str = "package:2 numa:2 l3:2 core:8 pu:2";
+
+/// Every example line, with the file it is in.
+fn examples() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md")];
+    let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    files.extend(docs);
+    let mut out = vec![];
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let name = f.strip_prefix(root).unwrap().display().to_string();
+        // Code blocks: the text between ``` fences.
+        for (i, block) in text.split("```").enumerate() {
+            if i % 2 == 0 {
+                continue;
+            }
+            for line in block.lines() {
+                let l = line.trim();
+                let words = ["topo", "plan", "doctor", "man", "completions"];
+                if words
+                    .iter()
+                    .any(|w| l.starts_with(&format!("threadwise {w}")))
+                {
+                    out.push((name.clone(), l.to_string()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The line without its trailing `# comment` (outside quotes).
+fn without_comment(line: &str) -> &str {
+    let mut quoted = false;
+    for (i, c) in line.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            '#' if !quoted && line[..i].ends_with(' ') => return line[..i].trim_end(),
+            _ => {}
+        }
+    }
+    line
+}
+
+#[test]
+fn every_offline_command_example_in_the_docs_runs() {
+    let dir = scratch();
+    let root = extract_dump(dir.path(), "32intel64-2p8co2t+8ve");
+    let xml = topologies("xml/16em64t-4s2c2t.xml");
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_threadwise"))
+        .parent()
+        .unwrap();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap());
+    let all = examples();
+    assert!(all.len() >= 25, "{} examples: {all:?}", all.len());
+    let (mut ran, mut bigger) = (0, vec![]);
+    for (file, line) in &all {
+        let cmd = without_comment(line)
+            .replace(" DIR", &format!(" {}", root.display()))
+            .replace(" DUMP", &format!(" {}", root.display()))
+            .replace(" node.xml", &format!(" {}", xml.display()))
+            .replace("/etc/bash_completion.d/", "./")
+            .replace("/usr/local/share/man/man1", "./man1")
+            .replace("| man -l -", "| cat")
+            .replace("node0:29400", "localhost:29400");
+        let go = |cmd: &str| {
+            Command::new("sh")
+                .args(["-c", cmd])
+                .current_dir(dir.path())
+                .env("PATH", &path)
+                .output()
+                .unwrap()
+        };
+        let ok = |o: &std::process::Output| {
+            let doctor = cmd.starts_with("threadwise doctor");
+            o.status.success() || (doctor && o.status.code() == Some(1))
+        };
+        let mut out = go(&cmd);
+        let has_source = ["--synthetic", "--root", "--topology"]
+            .iter()
+            .any(|s| cmd.contains(s));
+        if !ok(&out) && !has_source && cmd.starts_with("threadwise plan") {
+            // Placed on a bigger (synthetic) machine, before any `--`.
+            let with = match cmd.split_once(" -- ") {
+                Some((head, tail)) => format!("{head} --synthetic \"{BIGGER}\" -- {tail}"),
+                None => format!("{cmd} --synthetic \"{BIGGER}\""),
+            };
+            out = go(&with);
+            bigger.push(line.clone());
+        }
+        assert!(
+            ok(&out),
+            "{file}: `{line}` exited {:?}\n{}{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !out.stdout.is_empty() || !out.stderr.is_empty() || cmd.contains('>'),
+            "{file}: `{line}` said nothing"
+        );
+        ran += 1;
+    }
+    eprintln!(
+        "{ran} examples ran, {} of them on the synthetic machine {BIGGER:?}: {bigger:?}",
+        bigger.len()
+    );
+    assert!(
+        dir.path().join("plan.svg").is_file() && dir.path().join("man1/threadwise-run.1").is_file(),
+        "the examples' files"
+    );
+}
