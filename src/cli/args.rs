@@ -16,6 +16,13 @@ use crate::plan::{
 use crate::tune::Strategy;
 use crate::workload;
 
+pub(super) use super::values::MAX_RANKS;
+pub(crate) use super::values::RdzvConf;
+use super::values::{
+    parse_amount, parse_gpus, parse_grace, parse_interval, parse_nproc, parse_probe_timeout,
+    parse_rdzv_conf, parse_reserve, parse_threads, parse_timeout, parse_wait, parse_work_seconds,
+};
+
 #[derive(Parser, Debug)]
 #[command(
     name = "threadwise",
@@ -204,58 +211,6 @@ pub(crate) struct PlanCmd {
     pub command: Vec<String>,
 }
 
-fn parse_nproc(s: &str) -> Result<NProc, String> {
-    match s.parse()? {
-        NProc::Count(0) => Err("0 ranks: give at least 1, gpu or auto".into()),
-        NProc::Count(n) if n > MAX_RANKS => Err(format!(
-            "{n} ranks: at most {MAX_RANKS} local ranks (one node's CPUs)"
-        )),
-        n => Ok(n),
-    }
-}
-
-/// More local ranks than this is no node: one per CPU threadwise can read.
-pub(super) const MAX_RANKS: usize = crate::cpuset::MAX_CPU;
-
-/// Seconds as a `Duration`, from 0 (or `min`) to `max` seconds.
-fn secs(s: &str, min: f64, max: f64) -> Result<Duration, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?}: expected a number of seconds"))?;
-    if !(v >= min && v <= max) {
-        return Err(format!("{s}: give seconds from {min} to {max}"));
-    }
-    Ok(Duration::from_secs_f64(v))
-}
-fn parse_grace(s: &str) -> Result<Duration, String> {
-    secs(s, 0.0, 3600.0)
-}
-fn parse_wait(s: &str) -> Result<Duration, String> {
-    secs(s, 1.0, 86400.0)
-}
-fn parse_timeout(s: &str) -> Result<Duration, String> {
-    secs(s, 0.001, 7.0 * 86400.0)
-}
-fn parse_work_seconds(s: &str) -> Result<Duration, String> {
-    secs(s, 0.01, 3600.0)
-}
-fn parse_reserve(s: &str) -> Result<Reserve, String> {
-    s.parse()
-}
-fn parse_gpus(s: &str) -> Result<GpuSelect, String> {
-    if s.trim().is_empty() {
-        return Err("an empty list: give GPU indices like 0,1, or none, or auto".into());
-    }
-    s.parse()
-}
-fn parse_amount(s: &str) -> Result<Amount, String> {
-    Amount::parse_workers(s)
-}
-fn parse_threads(s: &str) -> Result<Amount, String> {
-    Amount::parse_threads(s)
-}
-
 #[derive(Args, Debug)]
 pub(crate) struct RunCmd {
     #[command(flatten)]
@@ -413,53 +368,6 @@ pub(crate) struct RunCmd {
     pub after_dashes: bool,
 }
 
-/// torchrun's `--rdzv-conf`: the keys threadwise uses, and the rest.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct RdzvConf {
-    pub join_timeout: Option<Duration>,
-    /// torchrun's keys that change nothing here.
-    pub inert: Vec<String>,
-}
-
-/// torchrun's rendezvous keys (`torch/distributed/elastic/rendezvous`) that
-/// threadwise's rendezvous has no use for: its timeouts are its own
-/// (--heartbeat-timeout), and its store is the ranks' own.
-const INERT_RDZV_KEYS: &[&str] = &[
-    "last_call_timeout",
-    "close_timeout",
-    "timeout",
-    "read_timeout",
-    "is_host",
-    "use_agent_store",
-    "keep_alive_interval",
-    "keep_alive_max_attempt",
-    "heartbeat",
-];
-
-pub(super) fn parse_rdzv_conf(s: &str) -> Result<RdzvConf, String> {
-    let mut conf = RdzvConf {
-        join_timeout: None,
-        inert: vec![],
-    };
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let Some((k, v)) = part.split_once('=') else {
-            return Err(format!("{part:?}: expected KEY=VALUE"));
-        };
-        let (k, v) = (k.trim(), v.trim());
-        match k {
-            "join_timeout" => conf.join_timeout = Some(parse_wait(v)?),
-            k if INERT_RDZV_KEYS.contains(&k) => conf.inert.push(k.to_string()),
-            k => {
-                return Err(format!(
-                    "{k:?} is no rendezvous setting torchrun knows (join_timeout, {})",
-                    INERT_RDZV_KEYS.join(", ")
-                ));
-            }
-        }
-    }
-    Ok(conf)
-}
-
 #[derive(Args, Debug)]
 pub(crate) struct TopCmd {
     /// Watch these processes as ranks (default: the newest threadwise run)
@@ -477,10 +385,6 @@ pub(crate) struct TopCmd {
     /// JSON (threadwise.top/1): one object, or one per line with --interval
     #[arg(long)]
     pub json: bool,
-}
-
-fn parse_interval(s: &str) -> Result<Duration, String> {
-    secs(s, 0.05, 3600.0)
 }
 
 #[derive(Args, Debug)]
@@ -521,10 +425,6 @@ pub(crate) struct DoctorCmd {
     /// Seconds the Python probe may take
     #[arg(long, default_value = "20", value_name = "SECS", value_parser = parse_probe_timeout)]
     pub python_timeout: Duration,
-}
-
-fn parse_probe_timeout(s: &str) -> Result<Duration, String> {
-    secs(s, 0.1, 600.0)
 }
 
 #[derive(Args, Debug)]

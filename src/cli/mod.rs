@@ -9,6 +9,7 @@ mod settings;
 mod top;
 mod topo;
 mod tune;
+mod values;
 
 use std::ffi::OsString;
 use std::io::Write;

@@ -34,3 +34,5 @@ pub(crate) const DEFAULT_BLOCKS: usize = 4;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_model;

@@ -133,3 +133,29 @@ fn every_offline_command_example_in_the_docs_runs() {
         "the examples' files"
     );
 }
+
+/// CONTRIBUTING.md's word on file sizes holds: no source file over 720
+/// lines, at most three over 600.
+#[test]
+fn source_files_are_as_small_as_contributing_says() {
+    fn walk(dir: &Path, out: &mut Vec<(usize, String)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let n = std::fs::read_to_string(&p).unwrap().lines().count();
+                out.push((n, p.display().to_string()));
+            }
+        }
+    }
+    let mut sizes = vec![];
+    walk(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut sizes,
+    );
+    sizes.sort();
+    let over: Vec<&(usize, String)> = sizes.iter().filter(|(n, _)| *n > 600).collect();
+    assert!(sizes.last().unwrap().0 <= 720, "{:?}", sizes.last());
+    assert!(over.len() <= 3, "over 600 lines: {over:?}");
+}
