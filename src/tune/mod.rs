@@ -28,7 +28,7 @@ pub(crate) use model::{
 };
 pub(crate) use session::{CLEARLY_WORSE, FIRST_ROUND_CUT, tune};
 
-/// A close race's budget: up to this many blocks of --runs rounds (the base
+/// The undecided rows' budget: up to this many blocks of --runs rounds (the base
 /// rounds are the first), so `--max-runs` defaults to 4 x `--runs`.
 pub(crate) const DEFAULT_BLOCKS: usize = 4;
 

@@ -395,7 +395,7 @@ pub(crate) struct TuneReport {
     #[serde(default)]
     pub order_seed: u64,
     /// The two-sided level of every interval: 95% over the whole run
-    /// of looks at a close race (stats::per_look_level).
+    /// of looks at the undecided rows (stats::per_look_level).
     #[serde(default = "default_level")]
     pub interval_level: f64,
     /// Set when the winner could not be told apart from others.
@@ -471,7 +471,8 @@ pub(crate) struct TuneOptions {
     /// values that beat the plan into one more configuration.
     pub combine: Option<crate::plan::PlanRequest>,
     pub runs: usize,
-    /// Extra rounds, up to this many trials, for a close race (>= runs).
+    /// Extra rounds, up to this many trials, for rows undecided against the
+    /// winner (>= runs).
     pub max_runs: usize,
     pub warmup: usize,
     pub strategy: Strategy,

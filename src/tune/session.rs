@@ -315,9 +315,7 @@ pub(crate) fn tune(
     {
         return s.report;
     }
-    if s.close_race_rounds(&active, runner, &mut progress)
-        .is_none()
-    {
+    if s.undecided_rounds(&active, runner, &mut progress).is_none() {
         return s.report;
     }
     s.report.complete = true;
@@ -352,7 +350,7 @@ impl<'a> Session<'a> {
         report.runs = opts.runs;
         report.warmup = opts.warmup;
         report.order_seed = opts.seed;
-        // A close race is looked at after the base rounds and after each block
+        // The undecided rows are looked at after the base rounds and after each block
         // of as many more: every interval is at the level that keeps the whole
         // sequence of looks at 95%.
         report.interval_level =
@@ -452,7 +450,7 @@ impl<'a> Session<'a> {
     /// More rounds for every row still undecided against the winner, in
     /// blocks of --runs, up to --max-runs: the intervals' level counts on
     /// looks at block ends only. None if interrupted.
-    fn close_race_rounds(
+    fn undecided_rounds(
         &mut self,
         active: &[usize],
         runner: &mut dyn TrialRunner,

@@ -1,5 +1,5 @@
 //! The tune loop on a simulated machine, on every CI run: the real `tune()`
-//! (rounds, shuffled orders, halving, the close pair's extra rounds, paired
+//! (rounds, shuffled orders, halving, the undecided rows' extra rounds, the model's
 //! intervals, ties, drift) fed by a runner whose throughput is a true speed
 //! per configuration x the machine's speed at that moment x log-normal noise.
 //! Thousands of seeded scenarios in seconds; the rates docs/tune.md quotes.
