@@ -159,3 +159,47 @@ fn source_files_are_as_small_as_contributing_says() {
     assert!(sizes.last().unwrap().0 <= 720, "{:?}", sizes.last());
     assert!(over.len() <= 3, "over 600 lines: {over:?}");
 }
+
+/// Every relative link in the top-level pages and docs/ names a file that
+/// exists (a page moved or renamed breaks no reader's path).
+#[test]
+fn relative_links_in_the_docs_resolve() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut pages: Vec<std::path::PathBuf> = [
+        "README.md",
+        "BENCHMARKS.md",
+        "CONTRIBUTING.md",
+        "SECURITY.md",
+        "CHANGELOG.md",
+    ]
+    .iter()
+    .map(|p| root.join(p))
+    .collect();
+    pages.extend(
+        std::fs::read_dir(root.join("docs"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "md")),
+    );
+    let mut checked = 0;
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        for part in text.split("](").skip(1) {
+            let Some(target) = part.split(')').next() else {
+                continue;
+            };
+            let target = target.split('#').next().unwrap();
+            if target.is_empty() || target.contains("://") || target.contains(' ') {
+                continue;
+            }
+            let at = page.parent().unwrap().join(target);
+            assert!(
+                at.exists(),
+                "{}: link to {target} leads nowhere",
+                page.display()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 20, "{checked} links");
+}
