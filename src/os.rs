@@ -58,6 +58,14 @@ pub(crate) struct Placement {
 }
 
 impl Placement {
+    /// It asks for the `local` memory policy: the kernel's own default, which
+    /// may be given up where the kernel refuses set_mempolicy.
+    pub(crate) fn asks_local(&self) -> bool {
+        self.mem
+            .as_ref()
+            .is_some_and(|(mode, _)| *mode == MPOL_LOCAL)
+    }
+
     /// Apply to the calling thread (inherited by fork and kept across exec).
     /// Async-signal-safe: only syscalls on memory prepared beforehand.
     pub(crate) fn apply(&self) -> Result<(), (&'static str, std::io::Error)> {

@@ -395,7 +395,7 @@ def main():
     # threadwise tune's winner.
     plan_file = os.path.join(scratch, "tuned-plan.json")
     t = time.time()
-    rc, out, took = run([a.tw, "tune", "-n", str(nproc), *tune_args, "--seed", str(seed), "--save-plan", plan_file, "--export-json", os.path.join(a.out, "tune.json"), "--"] + train, 1200)
+    rc, out, took = run([a.tw, "tune", "-n", str(nproc), *tune_args, "--seed", str(seed), "--save-plan", plan_file, "--export-json", os.path.join(a.out, "tune.json"), "--"] + train, max(60, a.budget))
     report["tune"] = {"args": tune_args, "rc": rc, "seconds": round(took, 1)}
     if rc == 0 and os.path.exists(plan_file):
         configs["tuned"] = ("cmd", [a.tw, "run", "-n", str(nproc), "-q", *unbound, "--plan", plan_file, "--"] + train)

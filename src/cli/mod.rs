@@ -145,12 +145,12 @@ fn man(sub: Option<&str>, dir: Option<&std::path::Path>) -> Result<Exit, Failure
         return Ok(Exit::OK);
     }
     let want = sub.map_or("threadwise".to_string(), |s| format!("threadwise-{s}"));
+    let names: Vec<String> = pages
+        .iter()
+        .skip(1)
+        .map(|(n, _)| n.trim_start_matches("threadwise-").to_string())
+        .collect();
     let Some((_, cmd)) = pages.into_iter().find(|(n, _)| *n == want) else {
-        let names: Vec<String> = man_pages()
-            .into_iter()
-            .skip(1)
-            .map(|(n, _)| n.trim_start_matches("threadwise-").to_string())
-            .collect();
         return Err(Failure::usage(
             format!("man: no page for {:?}", sub.unwrap_or_default()),
             format!("pages: {} (or none, for the tool's own)", names.join(", ")),

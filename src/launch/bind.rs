@@ -20,14 +20,12 @@ pub(crate) fn exec_rank(r: &RankLaunch, allow_unbound: bool) -> LaunchError {
     // The local policy only restates the kernel's default: where the kernel
     // refuses it (seccomp, no NUMA), go on without it, as `run` does.
     if let Err(("set_mempolicy", source)) = &applied
-        && placement
-            .mem
-            .as_ref()
-            .is_some_and(|(mode, _)| *mode == crate::os::MPOL_LOCAL)
+        && placement.asks_local()
     {
         crate::say!(
-            "threadwise: warning: rank {}: memory policy local not set (set_mempolicy refused: {source}); it allocates where it runs, as the kernel does by default",
-            r.local_rank
+            "threadwise: warning: rank {}: {}",
+            r.local_rank,
+            super::prepare::local_refused(source)
         );
         placement.mem = None;
         applied = placement.apply();

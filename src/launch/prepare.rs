@@ -146,7 +146,7 @@ impl Relaxed {
         for l in launches {
             if self.unbound {
                 l.placement = Default::default();
-            } else if self.local_mem && asks_local(l) {
+            } else if self.local_mem && l.placement.asks_local() {
                 l.placement.mem = None;
                 l.mem = LOCAL_REFUSED.into();
             }
@@ -157,11 +157,12 @@ impl Relaxed {
 /// How a rank's memory reads where the kernel refused the local policy.
 const LOCAL_REFUSED: &str = "the kernel's default (set_mempolicy refused)";
 
-fn asks_local(l: &RankLaunch) -> bool {
-    l.placement
-        .mem
-        .as_ref()
-        .is_some_and(|(mode, _)| *mode == crate::os::MPOL_LOCAL)
+/// What is said where the kernel refuses the local policy (run and bind).
+pub(crate) fn local_refused(source: &std::io::Error) -> String {
+    format!(
+        "memory policy local not set (set_mempolicy refused: {source}): the ranks allocate \
+         where they run, as the kernel does by default"
+    )
 }
 
 /// Try every rank's binding before anything starts. Where the kernel (a
@@ -183,12 +184,9 @@ pub(crate) fn check_bindings(
         source,
         ..
     }) = &result
-        && launches.iter().any(asks_local)
+        && launches.iter().any(|l| l.placement.asks_local())
     {
-        said.push(format!(
-            "memory policy local not set (set_mempolicy refused: {source}): the ranks allocate \
-             where they run, as the kernel does by default"
-        ));
+        said.push(local_refused(source));
         relaxed.local_mem = true;
         relaxed.apply(launches);
         result = check_placements(launches);

@@ -222,19 +222,6 @@ fn solve(obs: &[(usize, usize, f64)], w: &[f64], blocks: usize, k: usize) -> Opt
     Some(Solved { tau, resid, cov })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 /// Fit the model to `obs` over `k` configurations: the configurations joined
 /// to the best-measured one through shared blocks. None when fewer than two
 /// configurations are joined.
@@ -297,7 +284,9 @@ pub(crate) fn fit(obs: &[Obs], k: usize) -> Option<Fit> {
     };
     if df > 0 {
         for _ in 0..50 {
-            let mad = median(informative.iter().map(|&i| resid[i].abs()).collect());
+            // Not empty: df > 0 needs a block of two trials.
+            let abs: Vec<f64> = informative.iter().map(|&i| resid[i].abs()).collect();
+            let mad = super::stats::median(&abs);
             s = 1.4826 * mad * leverage;
             if s <= 1e-12 {
                 // Over half the residuals are exactly 0 (repeated values):

@@ -23,7 +23,7 @@ mod trial;
 
 pub(crate) use grid::TuneConfig;
 pub(crate) use model::{
-    ConfigResult, Event, LaunchKey, Mark, NodeUsage, Strategy, Trial, TrialEnd, TrialOutcome,
+    ConfigResult, Event, LaunchKey, NodeUsage, Strategy, Trial, TrialEnd, TrialOutcome,
     TrialRunner, TrialStatus, TuneOptions, TuneReport, new_report,
 };
 pub(crate) use session::{CLEARLY_WORSE, FIRST_ROUND_CUT, tune};

@@ -235,15 +235,6 @@ pub(crate) enum MetricSource {
     Wall,
 }
 
-/// How a configuration compares with the winner.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mark {
-    Winner,
-    /// Its range overlaps the winner's: the data cannot tell them apart.
-    NotDistinguishable,
-    None,
-}
-
 /// One measured trial, as reported.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Trial {
@@ -440,15 +431,9 @@ impl TuneReport {
         self.configs.iter().position(|c| &c.name == name)
     }
 
-    /// How `c` compares with the winner.
-    pub(crate) fn mark(&self, c: &ConfigResult) -> Mark {
-        if self.winner.as_deref() == Some(c.name.as_str()) {
-            Mark::Winner
-        } else if c.indistinguishable_from_winner {
-            Mark::NotDistinguishable
-        } else {
-            Mark::None
-        }
+    /// Whether `c` is the winner (how the others compare is `vs_winner`).
+    pub(crate) fn is_winner(&self, c: &ConfigResult) -> bool {
+        self.winner.as_deref() == Some(c.name.as_str())
     }
 }
 

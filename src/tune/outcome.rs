@@ -351,10 +351,7 @@ fn model(report: &mut TuneReport, step: Option<stats::Drift>) -> Option<fit::Fit
         report.configs[ci].trials[ti].weight = *w;
         down += usize::from(w.is_some_and(|w| w < 0.5));
     }
-    let looks = ((1.0 - report.interval_level) / 0.05)
-        .recip()
-        .round()
-        .max(1.0) as usize;
+    let looks = stats::looks_at(report.interval_level);
     report.analysis = Some(Analysis {
         model: MODEL.into(),
         trials: f.n,

@@ -5,7 +5,7 @@
 
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 
-use super::{ConfigResult, Mark, TrialStatus, TuneReport};
+use super::{ConfigResult, TrialStatus, TuneReport};
 
 fn num(v: f64) -> String {
     if v >= 100.0 {
@@ -52,7 +52,7 @@ pub(crate) fn metric_cells(c: &ConfigResult, mem_unit: &str) -> [String; 5] {
 /// the verdict ("slower", "faster", "not distinguishable").
 pub(crate) fn against_winner(r: &TuneReport, c: &ConfigResult) -> String {
     use super::stats::Verdict;
-    if r.mark(c) == Mark::Winner {
+    if r.is_winner(c) {
         return "winner".into();
     }
     let Some(p) = &c.vs_winner else {

@@ -250,24 +250,29 @@ pub(super) struct GridFigures {
     pub trials: usize,
 }
 
+/// n of `of`, as a fraction (0 of none).
+fn share(n: usize, of: usize) -> f64 {
+    n as f64 / of.max(1) as f64
+}
+
 impl GridFigures {
     pub(super) fn called(&self) -> f64 {
-        self.slower_called as f64 / self.comparisons.max(1) as f64
+        share(self.slower_called, self.comparisons)
     }
     pub(super) fn aa(&self) -> f64 {
-        self.aa_different as f64 / self.tunes.max(1) as f64
+        share(self.aa_different, self.tunes)
     }
     pub(super) fn drift(&self) -> f64 {
-        self.drift_reported as f64 / self.tunes.max(1) as f64
+        share(self.drift_reported, self.tunes)
     }
     pub(super) fn right(&self) -> f64 {
-        self.winner_right as f64 / self.tunes.max(1) as f64
+        share(self.winner_right, self.tunes)
     }
     pub(super) fn in_base(&self) -> f64 {
-        self.called_in_base as f64 / self.comparisons.max(1) as f64
+        share(self.called_in_base, self.comparisons)
     }
     pub(super) fn trials_per_tune(&self) -> f64 {
-        self.trials as f64 / self.tunes.max(1) as f64
+        share(self.trials, self.tunes)
     }
 }
 

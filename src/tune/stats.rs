@@ -34,7 +34,8 @@ fn median_sorted(v: &[f64]) -> f64 {
     }
 }
 
-fn median(v: &[f64]) -> f64 {
+/// The median of `v` (not empty).
+pub(crate) fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     median_sorted(&s)
@@ -193,6 +194,11 @@ pub(crate) fn t_quantile(p: f64, df: usize) -> f64 {
 /// 5% of the time: Bonferroni's 1 - 0.05 / looks.
 pub(crate) fn per_look_level(looks: usize) -> f64 {
     1.0 - 0.05 / looks.max(1) as f64
+}
+
+/// The looks `per_look_level` was given, from the level it returned.
+pub(crate) fn looks_at(level: f64) -> usize {
+    (0.05 / (1.0 - level)).round().max(1.0) as usize
 }
 
 /// How `a` compares with `b`: the ratios round by round, and the interval.
@@ -399,6 +405,9 @@ mod tests {
         assert!((t_quantile(0.975, 3) - 3.182).abs() < 0.001);
         assert_eq!(per_look_level(1), 0.95);
         assert!((per_look_level(4) - 0.9875).abs() < 1e-12);
+        for looks in 1..=20 {
+            assert_eq!(looks_at(per_look_level(looks)), looks);
+        }
     }
 
     #[test]

@@ -122,6 +122,16 @@ fn every_offline_command_example_in_the_docs_runs() {
             !out.stdout.is_empty() || !out.stderr.is_empty() || cmd.contains('>'),
             "{file}: `{line}` said nothing"
         );
+        // A JSON example prints the schema the docs name beside it.
+        if cmd.contains("--json") {
+            let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+                .unwrap_or_else(|e| panic!("{file}: `{line}`: not JSON: {e}"));
+            let schema = doc["schema"].as_str().unwrap_or_default();
+            assert!(
+                schema.starts_with("threadwise.") && line.contains(schema),
+                "{file}: `{line}` printed schema {schema:?}"
+            );
+        }
         ran += 1;
     }
     eprintln!(

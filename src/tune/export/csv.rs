@@ -1,7 +1,7 @@
 //! `--export-csv`: one row per trial, with its configuration's summary.
 
 use crate::export::{ExportError, Exporter};
-use crate::tune::{Mark, TuneReport};
+use crate::tune::TuneReport;
 
 pub(super) struct Csv;
 
@@ -65,7 +65,7 @@ impl Exporter<TuneReport> for Csv {
                     opt(c.throughput.map(|s| s.min)),
                     opt(c.throughput.map(|s| s.max)),
                     opt(c.speedup),
-                    (r.mark(c) == Mark::Winner).to_string(),
+                    r.is_winner(c).to_string(),
                     t.hit.as_ref().map_or(String::new(), |h| h.rank.to_string()),
                     t.hit
                         .as_ref()

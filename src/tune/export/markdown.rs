@@ -1,7 +1,7 @@
 //! `--export-markdown`: the table for a README or an issue.
 
 use crate::export::{ExportError, Exporter};
-use crate::tune::{Mark, TuneReport, report};
+use crate::tune::{TuneReport, report};
 
 pub(super) struct Markdown;
 
@@ -19,9 +19,10 @@ impl Exporter<TuneReport> for Markdown {
             cell(&r.unit)
         );
         for c in &r.configs {
-            let mark = match r.mark(c) {
-                Mark::Winner => "**winner**".to_string(),
-                _ => report::against_winner(r, c),
+            let mark = if r.is_winner(c) {
+                "**winner**".to_string()
+            } else {
+                report::against_winner(r, c)
             };
             let [speedup, cpu, gpu, mem, cs] = report::metric_cells(c, "");
             // Configurations measured under this one's name (same launch).

@@ -4,7 +4,7 @@
 use plotters::prelude::*;
 
 use crate::export::{ExportError, Exporter};
-use crate::tune::{Mark, TuneReport};
+use crate::tune::TuneReport;
 
 pub(super) struct Svg;
 
@@ -16,13 +16,7 @@ impl Exporter<TuneReport> for Svg {
             .iter()
             .filter_map(|c| {
                 let s = c.throughput?;
-                Some((
-                    c.name.clone(),
-                    s.median,
-                    s.min,
-                    s.max,
-                    r.mark(c) == Mark::Winner,
-                ))
+                Some((c.name.clone(), s.median, s.min, s.max, r.is_winner(c)))
             })
             .collect();
         {
