@@ -353,6 +353,13 @@ pub(crate) struct RunCmd {
     /// Accepted for torchrun's command lines, as --tee
     #[arg(short = 'r', long, value_name = "STD", hide = true)]
     pub redirects: Option<String>,
+    /// With --dry-run: plan on another machine (a dump, an hwloc export or a
+    /// description) to see what this command would do there
+    #[command(
+        flatten,
+        next_help_heading = "Preview on another machine (with --dry-run)"
+    )]
+    pub source: SourceArgs,
     /// The command each rank runs after `--`, as it is (no shell in between);
     /// or torchrun's form, without `--`: SCRIPT [ARGS] runs `python -u SCRIPT
     /// ARGS` (with -m a module, with --no-python the program itself)
@@ -447,6 +454,13 @@ pub(crate) struct BindCmd {
     /// Ranks on this node, in place of a launcher's variables (with --local-rank)
     #[arg(long, value_name = "N", requires = "local_rank")]
     pub local_world_size: Option<usize>,
+    /// With --dry-run: plan on another machine (a dump, an hwloc export or a
+    /// description) to see what this command would do there
+    #[command(
+        flatten,
+        next_help_heading = "Preview on another machine (with --dry-run)"
+    )]
+    pub source: SourceArgs,
     /// The command to become
     #[arg(last = true, value_name = "CMD", required_unless_present = "json")]
     pub command: Vec<OsString>,
@@ -471,6 +485,9 @@ pub(crate) struct TuneCmd {
     /// Unmeasured runs per configuration first
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000).map(|v| v as usize))]
     pub warmup: usize,
+    /// Print the configurations and the trials they take; run nothing
+    #[arg(long)]
+    pub dry_run: bool,
     /// all: every configuration every round; halving: after the first round,
     /// drop configurations below half of the round's best (never unset, never
     /// on a disturbed trial), after the second, those more than 20% below the
@@ -520,6 +537,13 @@ pub(crate) struct TuneCmd {
     /// Built-in workload: decode-like passes per value of each sample in the data-loader workers
     #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u64).range(0..=workload::MAX_LOADER_WORK).map(|v| v as usize))]
     pub work_loader: usize,
+    /// With --dry-run: plan on another machine (a dump, an hwloc export or a
+    /// description) to see what this command would do there
+    #[command(
+        flatten,
+        next_help_heading = "Preview on another machine (with --dry-run)"
+    )]
+    pub source: SourceArgs,
     /// Your training command (default: the built-in workload)
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,

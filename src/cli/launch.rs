@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use super::args::{BindCmd, RunCmd};
 use super::pet::{self, FromEnv};
-use super::settings::{load, request};
-use super::{Exit, Failure, SourceArgs, settings};
+use super::settings::{load_for, request};
+use super::{Exit, Failure, settings};
 use crate::launch::cluster::AgentConfig;
 use crate::launch::cluster::auth::{self, Auth};
 use crate::launch::env::current;
@@ -284,7 +284,7 @@ pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> 
     }
     settings::check_run(&a)?;
     let req = run_request(&a)?;
-    let t = load(&SourceArgs::default())?;
+    let t = load_for(&a.source, a.dry_run)?;
     let p = match &a.plan_file {
         Some(path) => prepare::saved_plan(path, &t)?,
         None => plan::plan(&t, &req, &crate::host::facts(&req))?,
@@ -322,7 +322,7 @@ pub(super) fn bind_cmd(a: BindCmd) -> Result<Exit, Failure> {
         (Some(k), Some(n)) => Some((k, n)),
         _ => None,
     };
-    let t = load(&SourceArgs::default())?;
+    let t = load_for(&a.source, a.dry_run || a.json)?;
     let (p, l, launcher) = prepare::bind_launch(t, request(&a.plan), &a.command, &current, given)?;
     if a.json {
         let doc = prepare::bind_json(&p, &l, &launcher).map_err(|e| {

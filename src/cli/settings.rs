@@ -41,6 +41,27 @@ pub(super) fn load(a: &SourceArgs) -> Result<Topology, Failure> {
     probe::topology(&source(a)).map_err(topology_failure)
 }
 
+/// The machine `run`, `bind` or `tune` plans on: this one, or with
+/// `--dry-run` the one `--root`, `--topology` or `--synthetic` names (a
+/// preview: what the command would do there). Without `--dry-run` such a
+/// machine is refused, since ranks can only start here.
+pub(super) fn load_for(a: &SourceArgs, dry_run: bool) -> Result<Topology, Failure> {
+    let given = [
+        a.root.as_ref().map(|_| "--root"),
+        a.topology.as_ref().map(|_| "--topology"),
+        a.synthetic.as_ref().map(|_| "--synthetic"),
+    ];
+    if let (Some(flag), false) = (given.into_iter().flatten().next(), dry_run) {
+        return Err(Failure::usage(
+            format!("{flag} without --dry-run: ranks can only start on this machine"),
+            format!(
+                "add --dry-run to preview the command on the machine {flag} names, or drop {flag}"
+            ),
+        ));
+    }
+    load(a)
+}
+
 /// The plain request the options describe.
 pub(super) fn request(a: &PlanArgs) -> PlanRequest {
     PlanRequest {

@@ -9,8 +9,8 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::args::TuneCmd;
-use super::settings::{load, request};
-use super::{Exit, Failure, SourceArgs, emit, settings};
+use super::settings::{load_for, request};
+use super::{Exit, Failure, emit, settings};
 use crate::files::write_output;
 use crate::host::facts_with_allocators;
 use crate::measure::gpu::GpuSampler;
@@ -65,6 +65,103 @@ fn configs(
         v.push(grid::parse_config(base, c).map_err(bad)?);
     }
     grid::dedupe(v).map_err(bad)
+}
+
+/// What `tune --dry-run` prints: the trials it would run, the command each
+/// runs, and every configuration's placement (rank by rank) as the runner
+/// would launch it; a configuration that cannot be planned says why.
+fn dry_run(
+    a: &TuneCmd,
+    configs: &[TuneConfig],
+    topo: &crate::topology::Topology,
+    facts: &Facts,
+    argv: &[OsString],
+) -> String {
+    let n = configs.len();
+    let max = a
+        .max_runs
+        .unwrap_or(crate::tune::DEFAULT_BLOCKS * a.runs)
+        .max(a.runs);
+    let shown: Vec<String> = argv
+        .iter()
+        .map(|x| x.to_string_lossy().into_owned())
+        .collect();
+    let mut out = format!(
+        "tune (dry run) on {}: {n} configuration(s) x {} round(s) = {} trials{}{}; each trial \
+         runs:\n  {}\n",
+        topo.source,
+        a.runs,
+        n * a.runs,
+        if a.warmup > 0 {
+            format!(" after {} warm-up trial(s)", n * a.warmup)
+        } else {
+            String::new()
+        },
+        if max > a.runs {
+            format!(" (a row still undecided then runs again, up to {max} trials)")
+        } else {
+            String::new()
+        },
+        shown.join(" ")
+    );
+    if a.grid.is_empty() {
+        out.push_str(
+            "  (after the second round, one more row combines every change that beat the plan)\n",
+        );
+    }
+    let width = configs
+        .iter()
+        .map(|c| c.name.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    out.push_str(&format!(
+        "{:<width$}  {:>7}  {:>7}  {:<9}  {:<10}  {:<10}  CPUs per rank\n",
+        "config", "threads", "workers", "policy", "mem", "allocator"
+    ));
+    for c in configs {
+        let r = &c.request;
+        let line = match plan::plan(topo, r, facts) {
+            Ok(p) => {
+                let first = p.ranks.first();
+                let threads = if r.unset_threads {
+                    "unset".to_string()
+                } else {
+                    first.map_or("-".into(), |x| x.threads.to_string())
+                };
+                // Up to four ranks' CPUs, then how many there are.
+                let mut cpus: Vec<String> = p
+                    .ranks
+                    .iter()
+                    .take(4)
+                    .map(|x| {
+                        if x.bind {
+                            x.cpus.to_string()
+                        } else {
+                            "any".into()
+                        }
+                    })
+                    .collect();
+                if p.ranks.len() > 4 {
+                    cpus.push(format!("... ({} ranks)", p.ranks.len()));
+                }
+                format!(
+                    "{:>7}  {:>7}  {:<9}  {:<10}  {:<10}  {}",
+                    threads,
+                    first.map_or(0, |x| x.workers),
+                    r.policy.to_string(),
+                    r.mem.to_string(),
+                    p.allocator
+                        .as_ref()
+                        .map_or("none".to_string(), |x| x.kind.to_string()),
+                    cpus.join(" | ")
+                )
+            }
+            Err(e) => format!("cannot be planned here: {e}"),
+        };
+        out.push_str(&format!("{:<width$}  {line}\n", c.name));
+    }
+    out
 }
 
 /// The report files asked for, each with its format.
@@ -241,7 +338,7 @@ pub(super) fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
     settings::check_tune(&a)?;
     let metric = Metric::new(a.metric.as_deref())
         .map_err(|e| Failure::usage(e.to_string(), "e.g. --metric 'speed: ([0-9.]+)'"))?;
-    let topo = load(&SourceArgs::default())?;
+    let topo = load_for(&a.source, a.dry_run)?;
     let base = request(&a.plan);
     // Every configuration may name an allocator: look them up once.
     let facts = facts_with_allocators();
@@ -249,6 +346,9 @@ pub(super) fn tune_cmd(a: TuneCmd) -> Result<Exit, Failure> {
     let base_plan = plan::plan(&topo, &base, &facts)?;
     let configs = configs(&a, &base, &base_plan, &facts)?;
     let argv = trial_argv(&a)?;
+    if a.dry_run {
+        return emit(&dry_run(&a, &configs, &topo, &facts, &argv));
+    }
     let files = exports(&a);
     let shown: Vec<String> = argv
         .iter()

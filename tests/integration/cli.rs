@@ -658,3 +658,148 @@ fn run_help_is_grouped_and_h_is_short() {
     }
     assert!(!short.contains("--rdzv-conf") && long.contains("--rdzv-conf"));
 }
+
+/// `--synthetic`, `--root` and `--topology` preview run, bind and tune on
+/// another machine with `--dry-run`; without it they are refused by name
+/// (ranks can only start here), exit 2, and nothing starts.
+#[test]
+fn run_bind_and_tune_preview_another_machine_only_with_dry_run() {
+    let machine = "package:2 numa:2 l3:2 core:8 pu:2";
+    let dir = super::scratch();
+    let marker = dir.path().join("started");
+    let touch = format!("touch {}", marker.display());
+    for args in [
+        vec![
+            "run",
+            "-n",
+            "8",
+            "--synthetic",
+            machine,
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ],
+        vec![
+            "bind",
+            "--synthetic",
+            machine,
+            "--local-rank",
+            "0",
+            "--local-world-size",
+            "8",
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ],
+        vec![
+            "tune",
+            "-n",
+            "2",
+            "--synthetic",
+            machine,
+            "--runs",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ],
+    ] {
+        let out = threadwise().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("--synthetic without --dry-run"), "{err}");
+        assert!(!marker.exists(), "{args:?} started its command");
+    }
+    // With --dry-run: each rank's CPUs on that machine (16 CPUs each).
+    let out = threadwise()
+        .args([
+            "run",
+            "-n",
+            "8",
+            "--dry-run",
+            "--synthetic",
+            machine,
+            "--",
+            "python",
+            "train.py",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("56-63,120-127"), "rank 7's CPUs: {text}");
+    let out = threadwise()
+        .args([
+            "bind",
+            "--dry-run",
+            "--synthetic",
+            machine,
+            "--local-rank",
+            "7",
+            "--local-world-size",
+            "8",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("56-63,120-127"), "{text}");
+}
+
+/// `tune --dry-run` lists every configuration with its placement and the
+/// trials they take, writes no report file and runs nothing.
+#[test]
+fn tune_dry_run_lists_the_configurations_and_runs_nothing() {
+    let dir = super::scratch();
+    let json = dir.path().join("r.json");
+    let marker = dir.path().join("started");
+    let out = threadwise()
+        .current_dir(dir.path())
+        .args([
+            "tune",
+            "-n",
+            "4",
+            "--dry-run",
+            "--synthetic",
+            "package:1 core:8",
+            "--runs",
+            "3",
+        ])
+        .args([
+            "--grid",
+            "threads=1,2",
+            "policy=none,exclusive",
+            "--export-json",
+        ])
+        .arg(&json)
+        .args(["--", "sh", "-c"])
+        .arg(format!("touch {}", marker.display()))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // unset, then the four grid points: 5 x 3 = 15 trials.
+    assert!(
+        text.contains("5 configuration(s) x 3 round(s) = 15 trials"),
+        "{text}"
+    );
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("threads=2 policy=exclusive"))
+        .unwrap_or_else(|| panic!("{text}"));
+    // 8 cores, 4 ranks: two cores each.
+    assert!(row.contains("0-1 | 2-3 | 4-5 | 6-7"), "{row}");
+    assert!(!json.exists() && !marker.exists());
+}
