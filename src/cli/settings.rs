@@ -15,7 +15,7 @@ use crate::topology::{Topology, TopologyError};
 
 /// A topology that cannot be had: exit 2 when it is a value typed on the
 /// command line (`--synthetic`), 3 when it is what was read from the machine
-/// or a dump of one (docs/exit-codes.md's rule).
+/// or a dump of one (docs/reference/exit-codes.md's rule).
 pub(super) fn topology_failure(e: TopologyError) -> Failure {
     match e {
         TopologyError::Synthetic { .. } => Failure::usage(e.to_string(), e.hint()),

@@ -119,7 +119,7 @@ fn impossible_requests_name_what_is_short() {
         &["/nonexistent is not a topology root", "hint: "],
     );
     // A description typed on the command line is a usage error (2); a dump
-    // or export stands for a machine (3): docs/exit-codes.md's rule.
+    // or export stands for a machine (3): docs/reference/exit-codes.md's rule.
     fails(
         &["topo", "--synthetic", "core:0"],
         2,
@@ -521,20 +521,38 @@ fn reserve_narrows_what_ranks_get() {
     assert!(line.contains("--reserve 1"), "{line}");
 }
 
-/// Every variable `plan` and `run --dry-run` export is documented (docs/plan.md
-/// for the plan's, docs/run.md for the launcher's), so the list cannot drift.
+/// Every variable `plan`, `run --dry-run` (one node and two) and `bind
+/// --dry-run` export is in docs/reference/environment.md, and every name
+/// there is in the source: the list cannot drift either way.
 #[test]
 fn every_exported_variable_is_documented() {
-    let docs = ["docs/plan.md", "docs/run.md"]
-        .map(|p| {
-            std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(p))
-                .unwrap()
-        })
-        .concat();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let docs = std::fs::read_to_string(root.join("docs/reference/environment.md")).unwrap();
     let mut names = std::collections::BTreeSet::new();
-    for machine in ["package:1 core:8 gpu:2", "package:2 numa:2 core:4 pu:2"] {
+    let jemalloc = [
+        "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+        "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
+    ]
+    .iter()
+    .any(|p| std::path::Path::new(p).exists());
+    for (machine, extra) in [
+        (
+            "package:1 core:8 gpu:2",
+            vec!["--gpus", "0,1", "--omp-bind", "--omp-wait", "passive"],
+        ),
+        ("package:2 numa:2 core:4 pu:2", vec!["--omp-wait", "active"]),
+        (
+            "package:1 core:4",
+            if jemalloc {
+                vec!["--allocator", "jemalloc"]
+            } else {
+                vec![]
+            },
+        ),
+    ] {
         let out = threadwise()
             .args(["plan", "--synthetic", machine, "-n", "2", "--json"])
+            .args(&extra)
             .output()
             .unwrap();
         assert!(
@@ -547,39 +565,108 @@ fn every_exported_variable_is_documented() {
             names.extend(r["env"].as_object().unwrap().keys().cloned());
         }
     }
-    let dry = threadwise()
-        .args(["run", "-n", "2", "--dry-run", "--", "true"])
-        .output()
-        .unwrap();
-    for l in String::from_utf8_lossy(&dry.stdout).lines() {
-        if let Some((k, _)) = l.strip_prefix("  ").and_then(|l| l.split_once('=')) {
-            if k.chars()
-                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
-            {
-                names.insert(k.to_string());
+    let dry_runs: [&[&str]; 3] = [
+        &["run", "-n", "2", "--dry-run", "--", "true"],
+        &[
+            "run",
+            "-n",
+            "1",
+            "--nnodes",
+            "2",
+            "--rdzv-endpoint",
+            "localhost:29400",
+            "--dry-run",
+            "--",
+            "true",
+        ],
+        &[
+            "bind",
+            "--local-rank",
+            "0",
+            "--local-world-size",
+            "2",
+            "--dry-run",
+            "--",
+            "true",
+        ],
+    ];
+    for args in dry_runs {
+        let dry = threadwise()
+            .args(args)
+            .env_remove("RANK")
+            .env_remove("WORLD_SIZE")
+            .output()
+            .unwrap();
+        for l in String::from_utf8_lossy(&dry.stdout).lines() {
+            if let Some((k, _)) = l.strip_prefix("  ").and_then(|l| l.split_once('=')) {
+                if k.chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+                {
+                    names.insert(k.to_string());
+                }
             }
         }
     }
-    assert!(
-        names.contains("OMP_NUM_THREADS") && names.contains("RANK"),
-        "{names:?}"
-    );
-    assert!(
-        names.contains("TORCHELASTIC_ERROR_FILE"),
-        "the dry run names it: {names:?}"
-    );
-    let word = |n: &str| {
-        docs.match_indices(n).any(|(i, _)| {
-            let before = docs[..i].chars().next_back();
-            let after = docs[i + n.len()..].chars().next();
+    for must in [
+        "OMP_NUM_THREADS",
+        "RANK",
+        "TORCHELASTIC_ERROR_FILE",
+        "GLOO_SOCKET_IFNAME",
+        "OMP_PLACES",
+        "KMP_BLOCKTIME",
+    ] {
+        assert!(names.contains(must), "{must} not exported: {names:?}");
+    }
+    if jemalloc {
+        assert!(
+            names.contains("MALLOC_CONF") && names.contains("LD_PRELOAD"),
+            "{names:?}"
+        );
+    }
+    let word = |text: &str, n: &str| {
+        text.match_indices(n).any(|(i, _)| {
+            let before = text[..i].chars().next_back();
+            let after = text[i + n.len()..].chars().next();
             let edge = |c: Option<char>| !c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
             edge(before) && edge(after)
         })
     };
-    let missing: Vec<&String> = names.iter().filter(|n| !word(n)).collect();
+    let missing: Vec<&String> = names.iter().filter(|n| !word(&docs, n)).collect();
     assert!(
         missing.is_empty(),
-        "exported but not in docs/plan.md or docs/run.md: {missing:?}"
+        "exported but not in docs/reference/environment.md: {missing:?}"
+    );
+    // The other way: every `NAME` in the reference is a string in the source.
+    let mut source = String::new();
+    fn walk(dir: &std::path::Path, out: &mut String) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push_str(&std::fs::read_to_string(&p).unwrap());
+            }
+        }
+    }
+    walk(&root.join("src"), &mut source);
+    let documented: Vec<&str> = docs
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|w| {
+            w.len() > 3
+                && w.chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        })
+        .collect();
+    assert!(documented.len() > 60, "{documented:?}");
+    let stale: Vec<&&str> = documented
+        .iter()
+        .filter(|n| !source.contains(&format!("\"{n}\"")) && !source.contains(&format!("\"{n}=")))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "in docs/reference/environment.md but not in src/: {stale:?}"
     );
 }
 

@@ -5,9 +5,8 @@
 //! dump, `node.xml` an hwloc export), paths outside the scratch directory
 //! move into it, `| man -l -` becomes `| cat`. An example that needs more
 //! cores than this machine has (`plan -n 8` on 2 cores) runs again on a
-//! synthetic machine, as the docs' figures were made. `run`, `bind` and
-//! `tune` examples start training scripts: tests/integration/run.rs and
-//! tune.rs run those paths, not these lines.
+//! synthetic machine, as the docs' figures were made. `run`, `bind`, `tune`
+//! and `top` lines run in docs_launch.rs.
 
 use std::path::Path;
 use std::process::Command;
@@ -17,34 +16,49 @@ use super::{extract_dump, scratch, topologies};
 /// The machine an example that asks for more than this one runs on.
 const BIGGER: &str = "package:2 numa:2 l3:2 core:8 pu:2";
 
-/// Every example line, with the file it is in.
-fn examples() -> Vec<(String, String)> {
+/// The pages whose examples run: README.md and every page under docs/.
+pub(super) fn pages() -> Vec<std::path::PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|e| e == "md") {
+                out.push(p);
+            }
+        }
+    }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = vec![root.join("README.md")];
-    let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "md"))
-        .collect();
+    let mut docs = vec![];
+    walk(&root.join("docs"), &mut docs);
     docs.sort();
+    let mut files = vec![root.join("README.md")];
     files.extend(docs);
+    files
+}
+
+/// Every command line in a shell code block (not ```python, ```yaml) of the
+/// pages that starts threadwise, on its own or under a launcher, with
+/// continuation lines joined, and the file it is in.
+pub(super) fn all_command_lines() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut out = vec![];
-    for f in files {
+    for f in pages() {
         let text = std::fs::read_to_string(&f).unwrap();
         let name = f.strip_prefix(root).unwrap().display().to_string();
-        // Code blocks: the text between ``` fences.
+        // Code blocks: the text between ``` fences, its first line the info string.
         for (i, block) in text.split("```").enumerate() {
-            if i % 2 == 0 {
+            let info = block.lines().next().unwrap_or_default().trim();
+            if i % 2 == 0 || ["python", "yaml", "json"].contains(&info) {
                 continue;
             }
-            for line in block.lines() {
-                let l = line.trim();
-                let words = ["topo", "plan", "doctor", "man", "completions"];
-                if words
-                    .iter()
-                    .any(|w| l.starts_with(&format!("threadwise {w}")))
+            let joined = block.replace("\\\n", " ");
+            for line in joined.lines().skip(1) {
+                let l = line.split_whitespace().collect::<Vec<_>>().join(" ");
+                if !l.starts_with('#')
+                    && (l.starts_with("threadwise ") || l.contains(" threadwise "))
                 {
-                    out.push((name.clone(), l.to_string()));
+                    out.push((name.clone(), l));
                 }
             }
         }
@@ -52,8 +66,21 @@ fn examples() -> Vec<(String, String)> {
     out
 }
 
+/// The offline examples: `threadwise topo|plan|doctor|man|completions` lines.
+fn examples() -> Vec<(String, String)> {
+    let words = ["topo", "plan", "doctor", "man", "completions"];
+    all_command_lines()
+        .into_iter()
+        .filter(|(_, l)| {
+            words
+                .iter()
+                .any(|w| l.starts_with(&format!("threadwise {w}")))
+        })
+        .collect()
+}
+
 /// The line without its trailing `# comment` (outside quotes).
-fn without_comment(line: &str) -> &str {
+pub(super) fn without_comment(line: &str) -> &str {
     let mut quoted = false;
     for (i, c) in line.char_indices() {
         match c {
@@ -176,7 +203,6 @@ fn source_files_are_as_small_as_contributing_says() {
 fn relative_links_in_the_docs_resolve() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut pages: Vec<std::path::PathBuf> = [
-        "README.md",
         "BENCHMARKS.md",
         "CONTRIBUTING.md",
         "SECURITY.md",
@@ -185,12 +211,7 @@ fn relative_links_in_the_docs_resolve() {
     .iter()
     .map(|p| root.join(p))
     .collect();
-    pages.extend(
-        std::fs::read_dir(root.join("docs"))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "md")),
-    );
+    pages.extend(super::docs::pages());
     let mut checked = 0;
     for page in &pages {
         let text = std::fs::read_to_string(page).unwrap();
@@ -198,16 +219,42 @@ fn relative_links_in_the_docs_resolve() {
             let Some(target) = part.split(')').next() else {
                 continue;
             };
-            let target = target.split('#').next().unwrap();
-            if target.is_empty() || target.contains("://") || target.contains(' ') {
+            let (target, anchor) = target.split_once('#').unwrap_or((target, ""));
+            if target.contains("://") || target.contains(' ') {
                 continue;
             }
-            let at = page.parent().unwrap().join(target);
+            let at = if target.is_empty() {
+                page.clone()
+            } else {
+                page.parent().unwrap().join(target)
+            };
             assert!(
                 at.exists(),
                 "{}: link to {target} leads nowhere",
                 page.display()
             );
+            // An anchor names a heading of that page, as GitHub makes them.
+            if !anchor.is_empty() && at.extension().is_some_and(|e| e == "md") {
+                let slugs: Vec<String> = std::fs::read_to_string(&at)
+                    .unwrap()
+                    .lines()
+                    .filter(|l| l.starts_with('#') && l.contains("# "))
+                    .map(|l| {
+                        l.trim_start_matches('#')
+                            .trim()
+                            .to_lowercase()
+                            .chars()
+                            .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+                            .map(|c| if c == ' ' { '-' } else { c })
+                            .collect()
+                    })
+                    .collect();
+                assert!(
+                    slugs.iter().any(|s| s == anchor),
+                    "{}: link to {target}#{anchor}: no such heading in {slugs:?}",
+                    page.display()
+                );
+            }
             checked += 1;
         }
     }

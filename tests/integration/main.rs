@@ -5,6 +5,8 @@ mod births;
 mod cgroups;
 mod cli;
 mod docs;
+mod docs_launch;
+mod docs_reference;
 mod doctor;
 mod gpus;
 mod hardening;
