@@ -7,7 +7,7 @@
 # DataLoader workers under bind; the guides' mp.spawn example plain and with
 # threadwise.spawn (alternating, medians), torch.compile's workers under
 # torchrun and under run, the GPU check's dry mode (scripts/gpu-check.sh
-# --dry), and (THREADWISE_E2E_RAY=1) Ray Train with
+# --dry), an elastic job across three test hosts (scripts/elastic-e2e.sh), and (THREADWISE_E2E_RAY=1) Ray Train with
 # threadwise.apply(). Prints each throughput; fails on any error.
 #   scripts/pytorch-e2e.sh [STEPS]
 set -euo pipefail
@@ -191,4 +191,8 @@ if [ "${THREADWISE_E2E_RAY:-0}" = 1 ]; then
   printf '%-44s %s\n' "Ray Train + threadwise.apply()" "disjoint CPUs: $(echo $sets)"
   passed=$((passed + 1))
 fi
+# An elastic job across three test hosts (MIN 2, MAX 3): grows, loses a host,
+# finishes; torchrun the same way, for the comparison (scripts/elastic-e2e.sh).
+scripts/elastic-e2e.sh 60 | grep -v '^step '
+passed=$((passed + 1))
 echo "$passed passed, 0 failed"

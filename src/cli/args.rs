@@ -17,10 +17,11 @@ use crate::tune::Strategy;
 use crate::workload;
 
 pub(super) use super::values::MAX_RANKS;
-pub(crate) use super::values::RdzvConf;
+pub(crate) use super::values::{Nodes, RdzvConf};
 use super::values::{
-    parse_amount, parse_gpus, parse_grace, parse_interval, parse_nproc, parse_probe_timeout,
-    parse_rdzv_conf, parse_reserve, parse_threads, parse_timeout, parse_wait, parse_work_seconds,
+    parse_amount, parse_gpus, parse_grace, parse_interval, parse_nnodes, parse_nproc,
+    parse_probe_timeout, parse_rdzv_conf, parse_reserve, parse_threads, parse_timeout, parse_wait,
+    parse_work_seconds,
 };
 
 #[derive(Parser, Debug)]
@@ -165,9 +166,10 @@ pub(crate) struct PlanArgs {
     /// Mixed precision (the seed profile caps threads at 2)
     #[arg(hide_short_help = true, long)]
     pub amp: bool,
-    /// Nodes in the job (the seed profile divides by the global world size)
-    #[arg(long, default_value_t = d().nnodes as u32, value_parser = clap::value_parser!(u32).range(1..))]
-    pub nnodes: u32,
+    /// Nodes in the job (the seed profile divides by the global world size); run also takes
+    /// torchrun's elastic MIN:MAX
+    #[arg(long, value_name = "N|MIN:MAX", default_value = "1", value_parser = parse_nnodes)]
+    pub nnodes: Nodes,
     /// Allow more ranks than cores (or GPUs): share them round-robin
     #[arg(long)]
     pub oversubscribe: bool,

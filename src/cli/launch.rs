@@ -52,6 +52,15 @@ impl From<JobError> for Failure {
     }
 }
 
+/// How long an elastic job's rendezvous waits for more nodes once MIN have
+/// joined: --rdzv-conf's last_call_timeout, else torchrun's 30 s.
+fn last_call(a: &RunCmd) -> Duration {
+    a.rdzv_conf
+        .as_ref()
+        .and_then(|c| c.last_call_timeout)
+        .unwrap_or(Duration::from_secs(30))
+}
+
 /// How long the rendezvous waits: --rdzv-timeout, else --rdzv-conf's
 /// join_timeout, else torchrun's 600 s.
 fn join_timeout(a: &RunCmd) -> Duration {
@@ -165,11 +174,18 @@ fn inert_notes(a: &RunCmd) -> Vec<String> {
 fn agent_config(a: &RunCmd, nproc: usize, auth: Auth) -> AgentConfig {
     AgentConfig {
         endpoint: a.rdzv_endpoint.clone().unwrap_or_default(),
-        nnodes: a.plan.nnodes as usize,
-        node_rank: a
-            .node_rank
-            .map(|r| r as usize)
-            .or_else(|| crate::launch::detect::slurm_node_rank(&current, a.plan.nnodes as usize)),
+        nnodes: a.plan.nnodes.max,
+        min_nodes: a.plan.nnodes.min,
+        last_call: last_call(a),
+        // An elastic job's node ranks are the rendezvous's to give, round by
+        // round (as torchrun's c10d backend does); Slurm's node id is not one.
+        node_rank: match a.plan.nnodes.elastic() {
+            true => None,
+            false => a
+                .node_rank
+                .map(|r| r as usize)
+                .or_else(|| crate::launch::detect::slurm_node_rank(&current, a.plan.nnodes.max)),
+        },
         run_id: a
             .rdzv_id
             .clone()
@@ -201,7 +217,7 @@ fn run_settings(
             })?),
             false => None,
         };
-    let cluster = (a.plan.nnodes > 1 || a.rdzv_endpoint.is_some()).then(|| ClusterSettings {
+    let cluster = (a.plan.nnodes.max > 1 || a.rdzv_endpoint.is_some()).then(|| ClusterSettings {
         agent: agent_config(&a, plan.nproc, auth),
         report,
     });
@@ -241,7 +257,7 @@ fn run_request(a: &RunCmd) -> Result<PlanRequest, Failure> {
             "give the `request` object of plan --json",
         )
     })?;
-    req.nnodes = a.plan.nnodes as usize;
+    req.nnodes = a.plan.nnodes.max;
     Ok(req)
 }
 
@@ -249,7 +265,7 @@ pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> 
     if a.command.is_empty() {
         return Err(LaunchError::NoCommand.into());
     }
-    if a.standalone && a.plan.nnodes > 1 {
+    if a.standalone && a.plan.nnodes.max > 1 {
         return Err(Failure::usage(
             format!(
                 "--standalone with --nnodes {}: a standalone job is one node",
@@ -271,7 +287,7 @@ pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> 
     // Kubeflow's trainer v2 gives): the rendezvous at MASTER_ADDR:MASTER_PORT,
     // the ranks' MASTER_PORT a free port of node 0 (torchrun's static backend
     // does the same).
-    if a.plan.nnodes > 1
+    if a.plan.nnodes.max > 1
         && a.rdzv_endpoint.is_none()
         && let Some(port) = a.master_port.take()
     {

@@ -112,8 +112,8 @@ fn given(options: &[OsString], spellings: &[&str]) -> bool {
 
 /// `threadwise run ...` with the `PET_` options the command line does not
 /// give put in as flags, and which ones were; argv unchanged for any other
-/// subcommand. torchrun's `--nnodes MIN:MAX` with MIN = MAX is one count;
-/// an elastic range is refused (run has no elastic membership).
+/// subcommand. torchrun's `--nnodes MIN:MAX` passes as it is (an elastic
+/// job when MIN < MAX).
 ///
 /// `command_at` is where the command starts in `argv` when the caller
 /// knows (clap's reading of it); otherwise the first `--` ends our options.
@@ -139,11 +139,6 @@ pub(super) fn run_args(
         if value.is_empty() || given(options, spellings) {
             continue;
         }
-        let value = if *var == "PET_NNODES" {
-            one_count(var, &value)?
-        } else {
-            value
-        };
         taken.push(FromEnv { var, flag, value });
     }
     let mut switches = vec![];
@@ -173,21 +168,6 @@ pub(super) fn run_args(
     taken.extend(switches);
     out.extend(argv[2..].iter().cloned());
     Ok((out, taken))
-}
-
-/// torchrun's `N` or `MIN:MAX` as one node count.
-fn one_count(var: &'static str, value: &str) -> Result<String, Refused> {
-    match value.split_once(':') {
-        None => Ok(value.to_string()),
-        Some((lo, hi)) if lo.trim() == hi.trim() => Ok(lo.trim().to_string()),
-        Some(_) => Err(Refused {
-            var,
-            value: value.to_string(),
-            why: "an elastic node range (MIN:MAX): threadwise run forms a job of a fixed \
-                  number of nodes"
-                .into(),
-        }),
-    }
 }
 
 /// The note that says which options came from the environment.
@@ -286,18 +266,15 @@ mod tests {
     }
 
     #[test]
-    fn other_subcommands_are_untouched_and_an_elastic_range_is_refused() {
+    fn other_subcommands_are_untouched_and_an_elastic_range_passes_as_it_is() {
         let env = env_of(&[("PET_NNODES", "1:4"), ("PET_NPROC_PER_NODE", "2")]);
         let plan = args(&["tw", "plan", "-n", "2"]);
         assert_eq!(run_args(plan.clone(), None, &env).unwrap(), (plan, vec![]));
-        let e = run_args(args(&["tw", "run", "--", "true"]), None, &env).unwrap_err();
-        assert_eq!((e.var, e.value.as_str()), ("PET_NNODES", "1:4"));
+        let (argv, _) = run_args(args(&["tw", "run", "--", "true"]), None, &env).unwrap();
+        assert_eq!(argv[2], "--nnodes=1:4");
         let env = env_of(&[("PET_NO_PYTHON", "yes")]);
         let e = run_args(args(&["tw", "run", "x"]), None, &env).unwrap_err();
         assert_eq!(e.var, "PET_NO_PYTHON");
-        let env = env_of(&[("PET_NNODES", "2:2")]);
-        let (argv, _) = run_args(args(&["tw", "run", "--", "true"]), None, &env).unwrap();
-        assert_eq!(argv[2], "--nnodes=2");
     }
 
     #[test]

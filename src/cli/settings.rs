@@ -75,7 +75,8 @@ pub(super) fn request(a: &PlanArgs) -> PlanRequest {
         allocator: a.allocator,
         profile: a.profile,
         amp: a.amp,
-        nnodes: a.nnodes as usize,
+        // The seed formulas' world: the most nodes the job may have.
+        nnodes: a.nnodes.max,
         oversubscribe: a.oversubscribe,
         omp_bind: a.omp_bind,
         omp_wait: a.omp_wait,
@@ -86,10 +87,20 @@ pub(super) fn request(a: &PlanArgs) -> PlanRequest {
 
 /// `run` before planning: a multi-node job needs its rendezvous endpoint.
 pub(super) fn check_run(a: &RunCmd) -> Result<(), Failure> {
-    if a.plan.nnodes > 1 && a.rdzv_endpoint.is_none() {
+    if a.plan.nnodes.max > 1 && a.rdzv_endpoint.is_none() {
         return Err(Failure::usage(
             format!("--nnodes {} needs --rdzv-endpoint HOST:PORT", a.plan.nnodes),
             "every node gives the same endpoint, e.g. --rdzv-endpoint node0:29400",
+        ));
+    }
+    if let (true, Some(r)) = (a.plan.nnodes.elastic(), a.node_rank) {
+        return Err(Failure::usage(
+            format!(
+                "--node-rank {r} with --nnodes {}: an elastic job's node ranks change as nodes \
+                 come and go",
+                a.plan.nnodes
+            ),
+            "drop --node-rank: the rendezvous numbers the nodes each round (its host's node first)",
         ));
     }
     if let Some(e) = &a.rdzv_endpoint {
@@ -125,6 +136,18 @@ pub(super) fn check_run_plan(a: &RunCmd, nproc: usize) -> Result<(), Failure> {
 /// `tune`: every file it will write can be written, and the built-in
 /// workload's sizes fit, before the first trial.
 pub(super) fn check_tune(a: &TuneCmd) -> Result<(), Failure> {
+    if a.plan.nnodes.elastic() {
+        return Err(Failure::usage(
+            format!(
+                "tune --nnodes {}: tune measures every configuration on the same nodes",
+                a.plan.nnodes
+            ),
+            format!(
+                "give one number of nodes (--nnodes {}), as many as the allocation has",
+                a.plan.nnodes.max
+            ),
+        ));
+    }
     if a.command.is_empty()
         && let Some(mib) =
             crate::workload::activations_too_big(a.work_size, a.work_batch, a.work_layers)

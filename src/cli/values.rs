@@ -16,6 +16,51 @@ pub(super) fn parse_nproc(s: &str) -> Result<NProc, String> {
     }
 }
 
+/// `--nnodes`: a number of nodes, or torchrun's elastic range `MIN:MAX`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Nodes {
+    pub min: usize,
+    pub max: usize,
+}
+
+impl Nodes {
+    /// A range whose ends differ: nodes may come and go.
+    pub(crate) fn elastic(self) -> bool {
+        self.min != self.max
+    }
+}
+
+impl std::fmt::Display for Nodes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.elastic() {
+            true => write!(f, "{}:{}", self.min, self.max),
+            false => write!(f, "{}", self.max),
+        }
+    }
+}
+
+/// More nodes than this is no job threadwise's rendezvous serves.
+pub(super) const MAX_NODES: usize = 65536;
+
+pub(super) fn parse_nnodes(s: &str) -> Result<Nodes, String> {
+    let count = |v: &str| -> Result<usize, String> {
+        match v.trim().parse::<usize>() {
+            Ok(n) if (1..=MAX_NODES).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "{s:?}: expected a number of nodes from 1 to {MAX_NODES}, or MIN:MAX"
+            )),
+        }
+    };
+    let (min, max) = match s.split_once(':') {
+        None => (count(s)?, count(s)?),
+        Some((lo, hi)) => (count(lo)?, count(hi)?),
+    };
+    if min > max {
+        return Err(format!("{s}: MIN is above MAX"));
+    }
+    Ok(Nodes { min, max })
+}
+
 /// More local ranks than this is no node: one per CPU threadwise can read.
 pub(super) const MAX_RANKS: usize = crate::cpuset::MAX_CPU;
 
@@ -62,6 +107,8 @@ pub(super) fn parse_threads(s: &str) -> Result<Amount, String> {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RdzvConf {
     pub join_timeout: Option<Duration>,
+    /// How long an elastic job waits for more nodes once MIN have joined.
+    pub last_call_timeout: Option<Duration>,
     /// torchrun's keys that change nothing here.
     pub inert: Vec<String>,
 }
@@ -70,7 +117,6 @@ pub(crate) struct RdzvConf {
 /// threadwise's rendezvous has no use for: its timeouts are its own
 /// (--heartbeat-timeout), and its store is the ranks' own.
 const INERT_RDZV_KEYS: &[&str] = &[
-    "last_call_timeout",
     "close_timeout",
     "timeout",
     "read_timeout",
@@ -84,6 +130,7 @@ const INERT_RDZV_KEYS: &[&str] = &[
 pub(super) fn parse_rdzv_conf(s: &str) -> Result<RdzvConf, String> {
     let mut conf = RdzvConf {
         join_timeout: None,
+        last_call_timeout: None,
         inert: vec![],
     };
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -93,10 +140,11 @@ pub(super) fn parse_rdzv_conf(s: &str) -> Result<RdzvConf, String> {
         let (k, v) = (k.trim(), v.trim());
         match k {
             "join_timeout" => conf.join_timeout = Some(parse_wait(v)?),
+            "last_call_timeout" => conf.last_call_timeout = Some(secs(v, 0.0, 3600.0)?),
             k if INERT_RDZV_KEYS.contains(&k) => conf.inert.push(k.to_string()),
             k => {
                 return Err(format!(
-                    "{k:?} is no rendezvous setting torchrun knows (join_timeout, {})",
+                    "{k:?} is no rendezvous setting torchrun knows (join_timeout, last_call_timeout, {})",
                     INERT_RDZV_KEYS.join(", ")
                 ));
             }

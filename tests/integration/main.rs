@@ -8,6 +8,7 @@ mod docs;
 mod docs_launch;
 mod docs_reference;
 mod doctor;
+mod elastic;
 mod gpus;
 mod hardening;
 mod hosts;

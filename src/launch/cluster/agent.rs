@@ -27,7 +27,12 @@ use crate::launch::supervise::{LocalFailure, Peer};
 pub(crate) struct AgentConfig {
     /// HOST:PORT of the rendezvous.
     pub endpoint: String,
+    /// The most nodes (`--nnodes N`, or MAX of `MIN:MAX`).
     pub nnodes: usize,
+    /// The fewest (MIN; `nnodes` for a fixed job).
+    pub min_nodes: usize,
+    /// How long an elastic rendezvous waits for more nodes once MIN joined.
+    pub last_call: Duration,
     pub node_rank: Option<usize>,
     pub run_id: String,
     /// Ranks on this node.
@@ -195,6 +200,10 @@ fn handshake(
         host: cfg.host.clone(),
         nproc: cfg.nproc,
         nnodes: cfg.nnodes,
+        min_nodes: match cfg.min_nodes < cfg.nnodes {
+            true => cfg.min_nodes,
+            false => 0,
+        },
         node_rank: cfg.node_rank,
         run_id: cfg.run_id.clone(),
         hosting,
@@ -315,6 +324,7 @@ fn coordinator(cfg: &AgentConfig) -> Coordinator {
         cfg.heartbeat_timeout,
         Instant::now(),
     )
+    .elastic(cfg.min_nodes, cfg.last_call)
 }
 
 /// How a round's ranks ended on this node: their exit code, and the node's

@@ -88,6 +88,7 @@ impl Raw {
                 host: "impostor".into(),
                 nproc: 1,
                 nnodes: 2,
+                min_nodes: 0,
                 node_rank: Some(1),
                 run_id: "door".into(),
                 hosting: false,
@@ -248,6 +249,7 @@ fn an_agent_finds_out_a_fake_host() {
         (
             ToAgent::Start(Start {
                 round: 0,
+                restarts: 0,
                 node_rank: 0,
                 nnodes: 2,
                 rank_offset: 0,

@@ -87,6 +87,7 @@ fn hello(
         host: format!("h{conn}"),
         nproc: 1 + conn % 2,
         nnodes,
+        min_nodes: 0,
         node_rank,
         run_id: if run_id { "job".into() } else { "other".into() },
         hosting,
@@ -188,6 +189,7 @@ proptest! {
 fn start(round: u32) -> Start {
     Start {
         round,
+        restarts: 0,
         node_rank: 0,
         nnodes: 2,
         rank_offset: 0,

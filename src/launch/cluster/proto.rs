@@ -32,7 +32,11 @@ pub(crate) struct Hello {
     pub host: String,
     /// Ranks it runs.
     pub nproc: usize,
+    /// The most nodes of the job (`--nnodes N`, or MAX of `MIN:MAX`).
     pub nnodes: usize,
+    /// The fewest (MIN of `--nnodes MIN:MAX`; 0 for a fixed `--nnodes N`).
+    #[serde(default)]
+    pub min_nodes: usize,
     /// The node rank it was given (--node-rank), if any.
     pub node_rank: Option<usize>,
     pub run_id: String,
@@ -63,7 +67,13 @@ pub(crate) struct Failure {
 /// Where a node stands in a round.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Start {
+    /// The round: 0, then one more for every restart and membership change.
     pub round: u32,
+    /// Restarts counted against --max-restarts so far (a node joining an
+    /// elastic job restarts the ranks without counting, as under torchrun):
+    /// the ranks' TORCHELASTIC_RESTART_COUNT.
+    #[serde(default)]
+    pub restarts: u32,
     pub node_rank: usize,
     pub nnodes: usize,
     pub rank_offset: usize,

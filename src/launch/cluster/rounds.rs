@@ -30,7 +30,7 @@ fn job_of(s: &Start, nproc: usize, run_id: &str, role: &str) -> Job {
         nnodes: s.nnodes,
         rank_offset: s.rank_offset,
         world_size: s.world_size,
-        restart_count: s.round,
+        restart_count: s.restarts,
         max_restarts: s.max_restarts,
     }
 }
@@ -73,6 +73,7 @@ fn guess(cfg: &AgentConfig, p: &Plan) -> Start {
     let node = cfg.node_rank.unwrap_or(0);
     Start {
         round: 0,
+        restarts: 0,
         node_rank: node,
         nnodes: cfg.nnodes,
         rank_offset: node * p.nproc,
@@ -87,6 +88,25 @@ fn guess(cfg: &AgentConfig, p: &Plan) -> Start {
     }
 }
 
+/// The job's nodes in words: `2 node(s)`, or an elastic job's range and
+/// when it starts.
+fn nodes_said(cfg: &AgentConfig) -> String {
+    match cfg.min_nodes < cfg.nnodes {
+        true => format!(
+            "{} to {} node(s) (elastic: the job starts with {}, or with {} or more once they \
+             have waited {} s for more; a node that joins later restarts the ranks with it, a \
+             node lost leaves the others to go on while {} remain)",
+            cfg.min_nodes,
+            cfg.nnodes,
+            cfg.nnodes,
+            cfg.min_nodes,
+            cfg.last_call.as_secs_f64(),
+            cfg.min_nodes
+        ),
+        false => format!("{} node(s)", cfg.nnodes),
+    }
+}
+
 /// `--dry-run` of one node: the rendezvous it would join and its ranks.
 pub(crate) fn dry_run(s: &RunSettings, cfg: &AgentConfig) -> String {
     let p = &s.plan;
@@ -95,14 +115,14 @@ pub(crate) fn dry_run(s: &RunSettings, cfg: &AgentConfig) -> String {
     collective_ifname(&g.master_addr, &mut probe, false);
     let shown = prepare::dry_run(p, &probe, s.move_workers, &current);
     format!(
-        "node {}: joins the rendezvous at {} (id {:?}) as one of {} node(s); threadwise \
+        "node {}: joins the rendezvous at {} (id {:?}) as one of {}; threadwise \
          supervises this node's ranks\n\
          RANK, GROUP_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT below assume {}; the \
          rendezvous sets them\n{shown}",
         cfg.host,
         cfg.endpoint,
         cfg.run_id,
-        cfg.nnodes,
+        nodes_said(cfg),
         match cfg.node_rank {
             Some(r) => format!("node rank {r}"),
             None => "node rank 0, the same number of ranks on every node".into(),
@@ -137,10 +157,13 @@ pub(crate) fn run(s: &RunSettings, c: &ClusterSettings) -> Result<i32, JobError>
         failures: vec![],
     };
     crate::say!(
-        "threadwise: {}: joining the rendezvous at {} ({} node(s), id {:?})",
+        "threadwise: {}: joining the rendezvous at {} ({}, id {:?})",
         node.host,
         cfg.endpoint,
-        cfg.nnodes,
+        match cfg.min_nodes < cfg.nnodes {
+            true => format!("{} to {} node(s)", cfg.min_nodes, cfg.nnodes),
+            false => format!("{} node(s)", cfg.nnodes),
+        },
         cfg.run_id
     );
     let end = super::run(cfg, |st, peer| node.round(st, peer));
@@ -225,7 +248,10 @@ impl Rounds<'_> {
             s.master_addr,
             s.master_port,
             if s.round > 0 {
-                format!(" (restart {} of {})", s.round, s.max_restarts)
+                format!(
+                    " (round {}; restarts {} of {})",
+                    s.round, s.restarts, s.max_restarts
+                )
             } else {
                 String::new()
             }
@@ -270,7 +296,20 @@ impl Rounds<'_> {
                         .push(format!("error: the log {file} is incomplete: {why}"));
                 }
                 RoundEnd {
-                    code: o.code(),
+                    // Ranks stopped for the rest of the job (SIGTERM from
+                    // us) are no failure of this node's, but neither did
+                    // they finish: the rendezvous hears their own code, so
+                    // it can tell a round every node finished from one it
+                    // stopped (an elastic job's newcomer).
+                    code: match o.code() {
+                        0 => o
+                            .results
+                            .iter()
+                            .map(|r| r.exit.code())
+                            .find(|c| *c != 0)
+                            .unwrap_or(0),
+                        c => c,
+                    },
                     report: self.report.as_ref().map(|_| Report {
                         usage: usage(&host, s, p, &run.topology, &o, gpu),
                         hit: hit.lock().unwrap_or_else(|e| e.into_inner()).take(),

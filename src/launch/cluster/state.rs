@@ -276,6 +276,7 @@ mod tests {
     fn start(round: u32) -> Start {
         Start {
             round,
+            restarts: 0,
             node_rank: 1,
             nnodes: 2,
             rank_offset: 2,

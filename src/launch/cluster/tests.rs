@@ -27,6 +27,8 @@ pub(super) fn config(
     AgentConfig {
         endpoint: format!("127.0.0.1:{port}"),
         nnodes,
+        min_nodes: nnodes,
+        last_call: Duration::ZERO,
         node_rank,
         run_id: "loopback".into(),
         nproc: 1,
@@ -181,6 +183,7 @@ fn vanishing_node(port: u16) -> std::thread::JoinHandle<()> {
                 host: "ghost".into(),
                 nproc: 1,
                 nnodes: 2,
+                min_nodes: 0,
                 node_rank: Some(1),
                 run_id: "loopback".into(),
                 hosting: false,

@@ -1,6 +1,9 @@
 //! The rendezvous host's decisions, pure: which nodes joined, which node
 //! rank each gets, when a round starts, stops, restarts or ends, which node
-//! is lost. Events in (a node joined, said something, went silent), messages
+//! is lost. An elastic job (`--nnodes MIN:MAX`) starts at MAX nodes, or at
+//! MIN once the last call has passed; a node that joins a running round is
+//! admitted at the next (the round stops for it), and a lost node leaves
+//! the survivors to form the next while at least MIN remain. Events in (a node joined, said something, went silent), messages
 //! out; `server.rs` does the sockets and the clock. Unit tests drive it with
 //! made-up nodes and instants.
 
@@ -21,6 +24,8 @@ struct Member {
     node_rank: usize,
     last_seen: Instant,
     ended: bool,
+    /// Its ranks' code in the round, once ended.
+    code: i32,
     lost: bool,
 }
 
@@ -30,9 +35,12 @@ enum Phase {
         since: Instant,
     },
     Running,
-    /// The round is stopping: why, the job's exit code, and whether a restart may follow.
+    /// The round is stopping: why, the job's exit code, and whether a restart may follow;
+    /// `counts`: the restart it leads to counts against --max-restarts (not
+    /// so for a node joining).
     Stopping {
         failure: Failure,
+        counts: bool,
     },
     Over,
 }
@@ -40,7 +48,18 @@ enum Phase {
 /// What the rendezvous host knows.
 #[derive(Debug)]
 pub(crate) struct Coordinator {
+    /// The most nodes (`--nnodes N`, or MAX).
     nnodes: usize,
+    /// The fewest (MIN; `nnodes` for a fixed job).
+    min_nodes: usize,
+    /// How long an elastic rendezvous waits for more once MIN have joined.
+    last_call: Duration,
+    /// When MIN nodes were first there, while joining.
+    min_since: Option<Instant>,
+    /// Nodes that joined a running elastic job: in from the next round.
+    pending: Vec<Member>,
+    /// Restarts counted against `max_restarts` so far.
+    restarts: u32,
     run_id: String,
     max_restarts: u32,
     master_port: Option<u16>,
@@ -77,6 +96,11 @@ impl Coordinator {
     ) -> Coordinator {
         Coordinator {
             nnodes,
+            min_nodes: nnodes,
+            last_call: Duration::ZERO,
+            min_since: None,
+            pending: vec![],
+            restarts: 0,
             run_id: run_id.to_string(),
             max_restarts,
             master_port,
@@ -144,6 +168,7 @@ impl Coordinator {
         self.nodes
             .iter()
             .filter(|n| !n.lost)
+            .chain(&self.pending)
             .map(|n| n.conn)
             .collect()
     }
@@ -158,61 +183,71 @@ impl Coordinator {
 
     /// A node said hello from `addr`.
     pub(crate) fn join(&mut self, conn: Conn, hello: Hello, addr: &str, now: Instant) -> Vec<Out> {
-        if !matches!(self.phase, Phase::Joining { .. }) {
-            return Self::refuse(
-                conn,
-                format!(
-                    "the job has already started with its {} node(s)",
-                    self.nnodes
-                ),
-            );
+        if let Some(why) = self.misfit(&hello) {
+            return Self::refuse(conn, why);
         }
-        if hello.run_id != self.run_id {
-            return Self::refuse(
-                conn,
-                format!(
-                    "run id {:?} differs from the job's {:?} (--rdzv-id)",
-                    hello.run_id, self.run_id
-                ),
-            );
-        }
-        if hello.nnodes != self.nnodes {
-            return Self::refuse(
-                conn,
-                format!(
-                    "--nnodes {} differs from the rendezvous host's {}",
-                    hello.nnodes, self.nnodes
-                ),
-            );
-        }
-        if let Some(r) = hello.node_rank {
-            if r >= self.nnodes {
-                return Self::refuse(
-                    conn,
-                    format!("--node-rank {r} is not below --nnodes {}", self.nnodes),
-                );
-            }
-            if let Some(other) = self.nodes.iter().find(|n| n.hello.node_rank == Some(r)) {
-                return Self::refuse(
-                    conn,
-                    format!("--node-rank {r} is taken by {}", other.hello.host),
-                );
-            }
-        }
-        self.nodes.push(Member {
+        let member = Member {
             conn,
             hello,
             addr: addr.to_string(),
             node_rank: 0,
             last_seen: now,
             ended: false,
+            code: 0,
             lost: false,
-        });
-        if self.nodes.len() < self.nnodes {
+        };
+        match self.phase {
+            Phase::Joining { .. } => {
+                self.nodes.push(member);
+                self.joined(now)
+            }
+            Phase::Running | Phase::Stopping { .. } if self.is_elastic() => {
+                let members = self.nodes.iter().filter(|n| !n.lost).count() + self.pending.len();
+                if members >= self.nnodes {
+                    return Self::refuse(
+                        conn,
+                        format!(
+                            "the job is full: it runs on its most nodes ({} of --nnodes {})",
+                            self.nnodes,
+                            self.range()
+                        ),
+                    );
+                }
+                let host = member.hello.host.clone();
+                self.pending.push(member);
+                let f = Failure {
+                    round: self.round,
+                    cause: format!(
+                        "{host} joined: the ranks restart with {} node(s)",
+                        members + 1
+                    ),
+                    code: 0,
+                    restartable: true,
+                };
+                self.stop_round(None, f, false)
+            }
+            _ => Self::refuse(
+                conn,
+                format!(
+                    "the job has already started with its {} node(s)",
+                    self.nnodes
+                ),
+            ),
+        }
+    }
+
+    /// A node joined while joining: start at MAX nodes, or at MIN once the
+    /// last call has passed (at once when it is zero).
+    fn joined(&mut self, now: Instant) -> Vec<Out> {
+        if self.nodes.len() < self.min_nodes {
             return vec![];
         }
-        self.assign_ranks();
-        self.start()
+        let since = *self.min_since.get_or_insert(now);
+        if self.nodes.len() >= self.nnodes || now.duration_since(since) >= self.last_call {
+            self.assign_ranks();
+            return self.start();
+        }
+        vec![]
     }
 
     /// Node ranks: the ones asked for, then the rendezvous host's own node,
@@ -237,10 +272,25 @@ impl Coordinator {
         self.nodes.sort_by_key(|n| n.node_rank);
     }
 
+    /// The next round of an elastic job: the survivors, in their order (the
+    /// rendezvous host's own node first), then those that joined meanwhile.
+    fn next_members(&mut self) {
+        self.nodes.retain(|n| !n.lost);
+        let room = self.nnodes.saturating_sub(self.nodes.len());
+        let take = room.min(self.pending.len());
+        self.nodes.extend(self.pending.drain(..take));
+        self.nodes.sort_by_key(|n| !n.hello.hosting);
+        for (r, n) in self.nodes.iter_mut().enumerate() {
+            n.node_rank = r;
+        }
+    }
+
     /// Start a round on every node.
     fn start(&mut self) -> Vec<Out> {
         self.phase = Phase::Running;
+        self.min_since = None;
         let world: usize = self.nodes.iter().map(|n| n.hello.nproc).sum();
+        let nnodes = self.nodes.len();
         let master_addr = self.master_addr();
         let first = &self.nodes[0];
         let master_port = self.master_port.unwrap_or(first.hello.port);
@@ -249,12 +299,14 @@ impl Coordinator {
         let mut out = vec![];
         for n in &mut self.nodes {
             n.ended = false;
+            n.code = 0;
             out.push(Out {
                 conn: n.conn,
                 msg: ToAgent::Start(Start {
                     round: self.round,
+                    restarts: self.restarts,
                     node_rank: n.node_rank,
-                    nnodes: self.nnodes,
+                    nnodes,
                     rank_offset: offset,
                     world_size: world,
                     master_addr: master_addr.clone(),
@@ -275,8 +327,10 @@ impl Coordinator {
 
     /// Any message from `conn` shows it is alive.
     pub(crate) fn seen(&mut self, conn: Conn, now: Instant) {
-        if let Some(i) = self.index(conn) {
-            self.nodes[i].last_seen = now;
+        for n in self.nodes.iter_mut().chain(self.pending.iter_mut()) {
+            if n.conn == conn {
+                n.last_seen = now;
+            }
         }
     }
 
@@ -286,10 +340,28 @@ impl Coordinator {
         if self.index(conn).is_none() || self.phase != Phase::Running || f.round != self.round {
             return vec![];
         }
-        self.phase = Phase::Stopping { failure: f.clone() };
+        self.stop_round(Some(conn), f, true)
+    }
+
+    /// Stop the round on every node but `from` (which knows). While it is
+    /// already stopping for a node that joined, a failure takes over as the
+    /// cause, and the restart then counts.
+    fn stop_round(&mut self, from: Option<Conn>, f: Failure, counts: bool) -> Vec<Out> {
+        match &self.phase {
+            Phase::Running => {}
+            Phase::Stopping { counts: false, .. } if counts => {
+                self.phase = Phase::Stopping { failure: f, counts };
+                return vec![];
+            }
+            _ => return vec![],
+        }
+        self.phase = Phase::Stopping {
+            failure: f.clone(),
+            counts,
+        };
         self.nodes
             .iter()
-            .filter(|n| n.conn != conn && !n.lost && !n.ended)
+            .filter(|n| Some(n.conn) != from && !n.lost && !n.ended)
             .map(|n| Out {
                 conn: n.conn,
                 msg: ToAgent::Stop {
@@ -310,6 +382,7 @@ impl Coordinator {
             return vec![];
         }
         self.nodes[i].ended = true;
+        self.nodes[i].code = code;
         self.nodes[i].hello.port = port;
         if code != 0 && self.phase == Phase::Running {
             // A failure the node did not report first: its ranks could not
@@ -332,12 +405,20 @@ impl Coordinator {
 
     /// A node is gone: its connection closed or it went silent.
     pub(crate) fn lost(&mut self, conn: Conn, why: &str) -> Vec<Out> {
+        // One that waited for the next round never counted.
+        if let Some(p) = self.pending.iter().position(|n| n.conn == conn) {
+            self.pending.remove(p);
+            return vec![];
+        }
         let Some(i) = self.index(conn) else {
             return vec![];
         };
         if let Phase::Joining { .. } = self.phase {
             // Gone before the job started: it never counted.
             self.nodes.remove(i);
+            if self.nodes.len() < self.min_nodes {
+                self.min_since = None;
+            }
             return vec![];
         }
         if self.nodes[i].lost || self.phase == Phase::Over {
@@ -346,18 +427,20 @@ impl Coordinator {
         self.nodes[i].lost = true;
         let host = self.nodes[i].hello.host.clone();
         let node_rank = self.nodes[i].node_rank;
-        // While stopping, the first failure stays the cause; round_over
-        // allows no restart once a node is lost.
-        let mut out = vec![];
-        if self.phase == Phase::Running {
-            let f = Failure {
-                round: self.round,
-                cause: format!("node {node_rank} ({host}) was lost: {why}"),
-                code: 1,
-                restartable: false,
-            };
-            out = self.failed(conn, f);
-        }
+        // While stopping, the first failure stays the cause (a lost node
+        // makes the restart count). A fixed job ends; an elastic one goes on
+        // with the survivors if enough remain (round_over).
+        let f = Failure {
+            round: self.round,
+            cause: format!("node {node_rank} ({host}) was lost: {why}"),
+            code: 1,
+            restartable: self.is_elastic(),
+        };
+        let mut out = match &self.phase {
+            Phase::Running => self.stop_round(Some(conn), f, true),
+            Phase::Stopping { counts: false, .. } => self.stop_round(Some(conn), f, true),
+            _ => vec![],
+        };
         out.extend(self.round_over());
         out
     }
@@ -367,18 +450,51 @@ impl Coordinator {
         if self.nodes.iter().any(|n| !n.lost && !n.ended) {
             return vec![];
         }
-        let any_lost = self.nodes.iter().any(|n| n.lost);
-        match self.phase.clone() {
-            Phase::Stopping { failure }
-                if failure.restartable && !any_lost && self.round < self.max_restarts =>
-            {
-                self.round += 1;
-                self.start()
+        let alive = self.nodes.iter().filter(|n| !n.lost).count();
+        let any_lost = alive < self.nodes.len();
+        let (failure, counts) = match self.phase.clone() {
+            Phase::Stopping { failure, counts } => (failure, counts),
+            Phase::Running => return self.end(0, None),
+            _ => return vec![],
+        };
+        if self.is_elastic() {
+            // Every survivor's script finished as the round was stopping for
+            // a newcomer: the job is done.
+            if !counts && self.nodes.iter().all(|n| n.lost || n.code == 0) {
+                return self.end(0, None);
             }
-            Phase::Stopping { failure } => self.end(failure.code, Some(failure.cause)),
-            Phase::Running => self.end(0, None),
-            _ => vec![],
+            let cause = if alive < self.min_nodes {
+                Some(format!(
+                    "{}; {alive} node(s) remain, fewer than --nnodes {} asks for",
+                    failure.cause,
+                    self.range()
+                ))
+            } else if counts && self.restarts >= self.max_restarts {
+                Some(format!(
+                    "{}; no restarts left (--max-restarts {})",
+                    failure.cause, self.max_restarts
+                ))
+            } else if !failure.restartable {
+                Some(failure.cause.clone())
+            } else {
+                None
+            };
+            if let Some(cause) = cause {
+                return self.end(failure.code, Some(cause));
+            }
+            if counts {
+                self.restarts += 1;
+            }
+            self.round += 1;
+            self.next_members();
+            return self.start();
         }
+        if failure.restartable && !any_lost && self.round < self.max_restarts {
+            self.round += 1;
+            self.restarts += 1;
+            return self.start();
+        }
+        self.end(failure.code, Some(failure.cause))
     }
 
     fn end(&mut self, code: i32, cause: Option<String>) -> Vec<Out> {
@@ -386,6 +502,7 @@ impl Coordinator {
         self.nodes
             .iter()
             .filter(|n| !n.lost)
+            .chain(&self.pending)
             .map(|n| Out {
                 conn: n.conn,
                 msg: ToAgent::End {
@@ -401,12 +518,21 @@ impl Coordinator {
     /// too long ends.
     pub(crate) fn tick(&mut self, now: Instant) -> Vec<Out> {
         if let Phase::Joining { since } = self.phase {
+            if self
+                .min_since
+                .is_some_and(|m| now.duration_since(m) >= self.last_call)
+            {
+                return self.joined(now);
+            }
             if now.duration_since(since) >= self.join_timeout {
                 let joined: Vec<String> = self.nodes.iter().map(|n| n.hello.host.clone()).collect();
                 let why = format!(
                     "only {} of {} node(s) joined in {} s ({})",
                     joined.len(),
-                    self.nnodes,
+                    match self.is_elastic() {
+                        true => format!("the {} at least", self.min_nodes),
+                        false => self.nnodes.to_string(),
+                    },
                     self.join_timeout.as_secs(),
                     if joined.is_empty() {
                         "none".to_string()
@@ -430,7 +556,9 @@ impl Coordinator {
         let silent: Vec<(Conn, u64)> = self
             .nodes
             .iter()
-            .filter(|n| !n.lost && now.duration_since(n.last_seen) >= self.heartbeat_timeout)
+            .filter(|n| !n.lost)
+            .chain(&self.pending)
+            .filter(|n| now.duration_since(n.last_seen) >= self.heartbeat_timeout)
             .map(|n| (n.conn, now.duration_since(n.last_seen).as_secs()))
             .collect();
         let mut out = vec![];
@@ -441,5 +569,8 @@ impl Coordinator {
     }
 }
 
+mod admit;
+#[cfg(test)]
+mod elastic_tests;
 #[cfg(test)]
 mod tests;

@@ -7,6 +7,7 @@ fn hello(host: &str, nproc: usize, hosting: bool, port: u16) -> Hello {
         host: host.into(),
         nproc,
         nnodes: 2,
+        min_nodes: 0,
         node_rank: None,
         run_id: "job".into(),
         hosting,

@@ -1,0 +1,63 @@
+//! Who may be part of the job: a hello that fits it, and the elastic range.
+
+use std::time::Duration;
+
+use super::Coordinator;
+use crate::launch::cluster::proto::Hello;
+
+impl Coordinator {
+    /// An elastic job: from `min` to the `nnodes` given, with `last_call`.
+    pub(crate) fn elastic(mut self, min: usize, last_call: Duration) -> Coordinator {
+        self.min_nodes = min.clamp(1, self.nnodes);
+        self.last_call = last_call;
+        self
+    }
+
+    pub(super) fn is_elastic(&self) -> bool {
+        self.min_nodes < self.nnodes
+    }
+
+    /// `--nnodes` as the user wrote it.
+    pub(super) fn range(&self) -> String {
+        match self.is_elastic() {
+            true => format!("{}:{}", self.min_nodes, self.nnodes),
+            false => self.nnodes.to_string(),
+        }
+    }
+
+    /// Why a hello does not fit this job, if it does not.
+    pub(super) fn misfit(&self, hello: &Hello) -> Option<String> {
+        if hello.run_id != self.run_id {
+            return Some(format!(
+                "run id {:?} differs from the job's {:?} (--rdzv-id)",
+                hello.run_id, self.run_id
+            ));
+        }
+        let min = match hello.min_nodes {
+            0 => hello.nnodes,
+            m => m,
+        };
+        if hello.nnodes != self.nnodes || min != self.min_nodes {
+            let theirs = match min < hello.nnodes {
+                true => format!("{min}:{}", hello.nnodes),
+                false => hello.nnodes.to_string(),
+            };
+            return Some(format!(
+                "--nnodes {theirs} differs from the rendezvous host's {}",
+                self.range()
+            ));
+        }
+        if let Some(r) = hello.node_rank {
+            if r >= self.nnodes {
+                return Some(format!(
+                    "--node-rank {r} is not below --nnodes {}",
+                    self.nnodes
+                ));
+            }
+            if let Some(other) = self.nodes.iter().find(|n| n.hello.node_rank == Some(r)) {
+                return Some(format!("--node-rank {r} is taken by {}", other.hello.host));
+            }
+        }
+        None
+    }
+}
