@@ -7,7 +7,8 @@
 # DataLoader workers under bind; the guides' mp.spawn example plain and with
 # threadwise.spawn (alternating, medians), torch.compile's workers under
 # torchrun and under run, the GPU check's dry mode (scripts/gpu-check.sh
-# --dry), an elastic job across three test hosts (scripts/elastic-e2e.sh), and (THREADWISE_E2E_RAY=1) Ray Train with
+# --dry), every option of the installed torchrun's parser (scripts/torchrun_options.py),
+# an elastic job across three test hosts (scripts/elastic-e2e.sh), and (THREADWISE_E2E_RAY=1) Ray Train with
 # threadwise.apply(). Prints each throughput; fails on any error.
 #   scripts/pytorch-e2e.sh [STEPS]
 set -euo pipefail
@@ -28,6 +29,8 @@ check() { # name log: the run printed a throughput and each rank its placement
 
 torchrun --standalone --nproc-per-node 2 "$ex" --steps "$steps" >"$out/torchrun.log" 2>&1
 check "torchrun --standalone" "$out/torchrun.log"
+# Every option of the installed torchrun, from its own parser, accepted by run.
+python scripts/torchrun_options.py "$tw"
 
 "$tw" run -n 2 -q -- python "$ex" --steps "$steps" >"$out/run.log" 2>&1
 check "threadwise run" "$out/run.log"
@@ -98,7 +101,7 @@ PY
 # The guides' mp.spawn DDP example, plain and with the one-line change
 # (`import threadwise as mp`), alternating, 3 rounds each: each child's CPUs
 # and threads, and the median throughput of each.
-passed=7
+passed=8
 python - "$out" <<'PY'
 import re, statistics, subprocess, sys
 out = sys.argv[1]

@@ -37,6 +37,8 @@ pub(crate) struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+// Parsed once per process: the size of `run`'s options costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Command {
     /// Show what the machine is: packages, NUMA nodes, L3 groups, cores, GPUs, NICs, limits
     Topo(TopoArgs),
@@ -355,6 +357,9 @@ pub(crate) struct RunCmd {
     /// Accepted for torchrun's command lines, as --tee
     #[arg(short = 'r', long, value_name = "STD", hide = true)]
     pub redirects: Option<String>,
+    /// The rest of torchrun's options
+    #[command(flatten, next_help_heading = "torchrun's command line")]
+    pub torchrun: super::torchrun::TorchrunArgs,
     /// With --dry-run: plan on another machine (a dump, an hwloc export or a
     /// description) to see what this command would do there
     #[command(
@@ -369,7 +374,7 @@ pub(crate) struct RunCmd {
         trailing_var_arg = true,
         allow_hyphen_values = true,
         value_name = "CMD",
-        required = true
+        required_unless_present = "print_completion"
     )]
     pub command: Vec<OsString>,
     /// Whether `--` came right before the command (set after parsing).

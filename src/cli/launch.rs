@@ -81,6 +81,19 @@ fn rank_command(
     is_file: &dyn Fn(&OsStr) -> bool,
 ) -> Result<(Vec<OsString>, Option<String>), Failure> {
     let cmd = a.command.clone();
+    // argparse's rule: an option torchrun or threadwise does not know,
+    // before the script, is an error (not the script's name).
+    if let Some(first) = cmd.first().map(|c| c.to_string_lossy())
+        && !a.after_dashes
+        && first.starts_with('-')
+        && first != "-"
+    {
+        return Err(Failure::usage(
+            format!("unrecognized option {first} before the script"),
+            "threadwise run takes torchrun's options and its own (threadwise run --help); put \
+             -- before a command that starts with a dash",
+        ));
+    }
     if a.after_dashes {
         if a.module {
             return Err(Failure::usage(
@@ -90,7 +103,7 @@ fn rank_command(
         }
         return Ok((cmd, None));
     }
-    if a.no_python {
+    if a.no_python && !a.torchrun.run_path {
         return Ok((cmd, None));
     }
     let Some(python) = ["python", "python3"].into_iter().find(|p| find(p)) else {
@@ -124,9 +137,14 @@ fn rank_command(
         .map(|s| s.to_string_lossy().into_owned())
         .collect();
     let note = format!(
-        "torchrun's form (no --): each rank runs {}{}",
+        "torchrun's form (no --): each rank runs {}{}{}",
         shown.join(" "),
-        if argv.len() > 4 { " ..." } else { "" }
+        if argv.len() > 4 { " ..." } else { "" },
+        if a.torchrun.run_path {
+            " (--run-path: the script runs as __main__, in a Python of its own per rank)"
+        } else {
+            ""
+        }
     );
     Ok((argv, Some(note)))
 }
@@ -170,6 +188,26 @@ fn inert_notes(a: &RunCmd) -> Vec<String> {
     notes
 }
 
+/// torchrun's --print-completion: threadwise's own completion script.
+fn print_completion(shell: &str) -> Result<Exit, Failure> {
+    use clap::CommandFactory;
+    let shell = match shell {
+        "bash" => clap_complete::Shell::Bash,
+        "zsh" => clap_complete::Shell::Zsh,
+        other => {
+            return Err(Failure::usage(
+                format!(
+                    "--print-completion {other}: threadwise has completions for bash and zsh here"
+                ),
+                "threadwise completions SHELL also writes fish, elvish and powershell",
+            ));
+        }
+    };
+    let mut out = vec![];
+    clap_complete::generate(shell, &mut super::Cli::command(), "threadwise", &mut out);
+    super::emit(&String::from_utf8_lossy(&out))
+}
+
 /// The agent's settings from the options; the run id defaults to Slurm's job id.
 fn agent_config(a: &RunCmd, nproc: usize, auth: Auth) -> AgentConfig {
     AgentConfig {
@@ -197,6 +235,7 @@ fn agent_config(a: &RunCmd, nproc: usize, auth: Auth) -> AgentConfig {
         join_timeout: join_timeout(a),
         heartbeat_timeout: a.heartbeat_timeout,
         host: crate::os::hostname(),
+        local_addr: a.torchrun.local_addr.clone(),
         linger: a.grace + std::time::Duration::from_secs(3),
         auth,
     }
@@ -209,6 +248,7 @@ fn run_settings(
     plan: Plan,
     topology: Topology,
     auth: Auth,
+    torchrun: crate::launch::settings::TorchrunOutput,
 ) -> Result<RunSettings, Failure> {
     let report =
         match a.report_node {
@@ -243,6 +283,7 @@ fn run_settings(
         quiet: a.quiet,
         role: a.role,
         cluster,
+        torchrun,
     })
 }
 
@@ -262,6 +303,9 @@ fn run_request(a: &RunCmd) -> Result<PlanRequest, Failure> {
 }
 
 pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> {
+    if let Some(shell) = a.torchrun.print_completion.clone() {
+        return print_completion(&shell);
+    }
     if a.command.is_empty() {
         return Err(LaunchError::NoCommand.into());
     }
@@ -283,6 +327,7 @@ pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> 
     let mut notes: Vec<String> = pet::said(from_env).into_iter().collect();
     notes.extend(form);
     notes.extend(inert_notes(&a));
+    let torchrun = super::torchrun::apply(&mut a, &mut notes)?;
     // torchrun's static shape (node ranks and a master, no endpoint, as
     // Kubeflow's trainer v2 gives): the rendezvous at MASTER_ADDR:MASTER_PORT,
     // the ranks' MASTER_PORT a free port of node 0 (torchrun's static backend
@@ -308,7 +353,8 @@ pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> 
     settings::check_run_plan(&a, p.nproc)?;
     let (dry, doctor) = (a.dry_run, !a.no_doctor);
     let auth = rendezvous_auth(&a, &mut notes)?;
-    let s = run_settings(a, program, p, t, auth)?;
+    let stop_on_usr = torchrun.stop_on_usr.clone();
+    let s = run_settings(a, program, p, t, auth, torchrun)?;
     if dry {
         let lines: String = notes.iter().map(|n| format!("{n}\n")).collect();
         return super::emit(&format!("{lines}{}", job::dry_run(&s)?));
@@ -319,6 +365,7 @@ pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> 
     if doctor {
         crate::doctor::say_preflight(&s.topology, s.plan.nproc);
     }
+    crate::launch::signals::stop_on(&stop_on_usr);
     Ok(Exit(job::run(&s)?))
 }
 

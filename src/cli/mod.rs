@@ -8,6 +8,7 @@ mod pet;
 mod settings;
 mod top;
 mod topo;
+mod torchrun;
 mod tune;
 mod values;
 

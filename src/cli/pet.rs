@@ -61,6 +61,51 @@ const SHARED: &[(&str, &str, &[&str])] = &[
     ("PET_ROLE", "--role", &["--role"]),
     ("PET_TEE", "--tee", &["--tee", "-t"]),
     ("PET_REDIRECTS", "--redirects", &["--redirects", "-r"]),
+    (
+        "PET_MONITOR_INTERVAL",
+        "--monitor-interval",
+        &["--monitor-interval", "--monitor_interval"],
+    ),
+    (
+        "PET_START_METHOD",
+        "--start-method",
+        &["--start-method", "--start_method"],
+    ),
+    (
+        "PET_EVENT_LOG_HANDLER",
+        "--event-log-handler",
+        &["--event-log-handler", "--event_log_handler"],
+    ),
+    (
+        "PET_LOG_LINE_PREFIX_TEMPLATE",
+        "--log-line-prefix-template",
+        &["--log-line-prefix-template", "--log_line_prefix_template"],
+    ),
+    (
+        "PET_DUPLICATE_STDOUT_FILTERS",
+        "--duplicate-stdout-filters",
+        &["--duplicate-stdout-filters", "--duplicate_stdout_filters"],
+    ),
+    (
+        "PET_DUPLICATE_STDERR_FILTERS",
+        "--duplicate-stderr-filters",
+        &["--duplicate-stderr-filters", "--duplicate_stderr_filters"],
+    ),
+    (
+        "PET_LOCAL_ADDR",
+        "--local-addr",
+        &["--local-addr", "--local_addr"],
+    ),
+    (
+        "PET_SIGNALS_TO_HANDLE",
+        "--signals-to-handle",
+        &["--signals-to-handle", "--signals_to_handle"],
+    ),
+    (
+        "PET_SHUTDOWN_TIMEOUT",
+        "--shutdown-timeout",
+        &["--shutdown-timeout", "--shutdown_timeout"],
+    ),
 ];
 
 /// torchrun's switches (`check_env`): set when `PET_<OPTION>` is a non-zero
@@ -73,6 +118,12 @@ const SWITCHES: &[(&str, &str, &[&str])] = &[
         &["--no-python", "--no_python"],
     ),
     ("PET_MODULE", "--module", &["--module", "-m"]),
+    ("PET_RUN_PATH", "--run-path", &["--run-path", "--run_path"]),
+    (
+        "PET_VIRTUAL_LOCAL_RANK",
+        "--virtual-local-rank",
+        &["--virtual-local-rank", "--virtual_local_rank"],
+    ),
 ];
 
 /// One option taken from the environment.

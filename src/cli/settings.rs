@@ -68,7 +68,8 @@ pub(super) fn request(a: &PlanArgs) -> PlanRequest {
         nproc: a.nproc,
         gpus: a.gpus.clone(),
         policy: a.policy,
-        smt: a.smt,
+        // One rank per CPU needs the SMT siblings as CPUs of their own.
+        smt: a.smt || a.nproc == crate::plan::NProc::Cpu,
         threads: a.threads,
         workers: a.workers,
         mem: a.mem,

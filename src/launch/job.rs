@@ -17,7 +17,8 @@ pub(crate) fn dry_run(s: &RunSettings) -> Result<String, JobError> {
     if let Some(c) = &s.cluster {
         return Ok(super::cluster::rounds::dry_run(s, &c.agent));
     }
-    let launches = node_launches(&s.plan, &s.command, &s.master_addr, s.master_port, &s.role)?;
+    let mut launches = node_launches(&s.plan, &s.command, &s.master_addr, s.master_port, &s.role)?;
+    s.torchrun.set_env(&mut launches);
     let contain = super::contain::JobCgroup::probe();
     let shown = prepare::dry_run(&s.plan, &launches, s.move_workers, &current);
     Ok(format!("{shown}containment: {contain}\n"))
@@ -31,6 +32,7 @@ pub(crate) fn run(s: &RunSettings) -> Result<i32, JobError> {
         return super::cluster::rounds::run(s, c);
     }
     let mut launches = node_launches(&s.plan, &s.command, &s.master_addr, s.master_port, &s.role)?;
+    s.torchrun.set_env(&mut launches);
     before_start(s, &launches);
     if let (_, Some(w)) = prepare::check_bindings(&mut launches, s.allow_unbound)? {
         crate::say!("threadwise: warning: {w}");

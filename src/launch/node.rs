@@ -56,6 +56,8 @@ pub(crate) fn supervise_node(
             prefix: s.prefix,
             show: s.show.clone(),
             sink,
+            prefix_of: prefix_of(s, rank_base),
+            duplicate: duplicates(s)?,
         },
         timeout: None,
         move_workers: s.move_workers,
@@ -68,6 +70,55 @@ pub(crate) fn supervise_node(
         f();
     }
     outcome
+}
+
+/// torchrun's --log-line-prefix-template, rendered per local rank:
+/// ${rank}, ${local_rank}, ${role_name}, ${hostname}.
+fn prefix_of(
+    s: &RunSettings,
+    rank_base: usize,
+) -> Option<Arc<dyn Fn(usize) -> String + Send + Sync>> {
+    let t = s.torchrun.prefix_template.as_ref()?;
+    let t = t
+        .replace("${role_name}", &s.role)
+        .replace("${hostname}", &crate::os::hostname());
+    Some(Arc::new(move |local| {
+        t.replace("${rank}", &(rank_base + local).to_string())
+            .replace("${local_rank}", &local.to_string())
+    }))
+}
+
+/// torchrun's --duplicate-std*-filters: every line holding one of the
+/// filters, of any rank, also into DIR/filtered-stdout.log (stderr's into
+/// filtered-stderr.log), created afresh, without following a link there.
+fn duplicates(s: &RunSettings) -> Result<[Option<LineSink>; 2], LaunchError> {
+    let t = &s.torchrun;
+    let mut out: [Option<LineSink>; 2] = [None, None];
+    for (i, name) in ["filtered-stdout.log", "filtered-stderr.log"]
+        .iter()
+        .enumerate()
+    {
+        let (Some(filters), Some(dir)) = (&t.duplicate[i], &t.dup_dir) else {
+            continue;
+        };
+        let path = dir.join(name);
+        let why = |e: String| LaunchError::LogFile {
+            path: path.display().to_string(),
+            why: e,
+        };
+        std::fs::create_dir_all(dir).map_err(|e| why(e.to_string()))?;
+        let file = crate::files::create_log(&path).map_err(|e| why(e.to_string()))?;
+        let file = std::sync::Mutex::new(std::io::LineWriter::new(file));
+        let filters = filters.clone();
+        out[i] = Some(Arc::new(move |_rank, line: &str| {
+            if filters.iter().any(|f| line.contains(f.as_str())) {
+                use std::io::Write;
+                let mut w = file.lock().unwrap_or_else(|e| e.into_inner());
+                let _ = writeln!(w, "{line}");
+            }
+        }));
+    }
+    Ok(out)
 }
 
 /// A warning when others may write in the log directory: they could plant

@@ -56,6 +56,12 @@ pub(crate) struct OutputOptions {
     pub sink: Option<LineSink>,
     /// The global rank of local rank 0 (multi-node), for the prefixes.
     pub rank_base: usize,
+    /// Each local rank's prefix, in place of `[rank K] ` (torchrun's
+    /// --log-line-prefix-template).
+    pub prefix_of: Option<Arc<dyn Fn(usize) -> String + Send + Sync>>,
+    /// Also give stdout's and stderr's lines to these (torchrun's
+    /// --duplicate-std*-filters).
+    pub duplicate: [Option<LineSink>; 2],
 }
 
 impl std::fmt::Debug for OutputOptions {
@@ -384,12 +390,22 @@ fn pump(
         rank,
         stream,
         show: opts.show.as_ref().is_none_or(|s| s.contains(&rank)),
-        prefix: opts
-            .prefix
-            .then(|| format!("[rank {}] ", opts.rank_base + rank).into_bytes()),
+        prefix: opts.prefix.then(|| match &opts.prefix_of {
+            Some(f) => f(rank).into_bytes(),
+            None => format!("[rank {}] ", opts.rank_base + rank).into_bytes(),
+        }),
         torch_prefix: format!("[rank{}]:", opts.rank_base + rank).into_bytes(),
         log: log.map(|(f, name)| (BufWriter::with_capacity(READ_BYTES, f), name)),
-        sink: opts.sink.clone(),
+        sink: match (&opts.sink, &opts.duplicate[stream as usize]) {
+            (Some(a), Some(b)) => {
+                let (a, b) = (a.clone(), b.clone());
+                Some(Arc::new(move |r: usize, l: &str| {
+                    a(r, l);
+                    b(r, l)
+                }))
+            }
+            (a, b) => a.clone().or_else(|| b.clone()),
+        },
         tail,
         state,
         pending: Vec::new(),
@@ -610,6 +626,8 @@ mod tests {
                 seen.lock().unwrap().push((r, l.to_string()))
             })),
             rank_base: 0,
+            prefix_of: None,
+            duplicate: [None, None],
         };
         let mut sources = vec![];
         let mut writers = vec![];

@@ -48,6 +48,33 @@ pub(crate) struct RunSettings {
     pub role: String,
     /// One node of many: the rendezvous to join.
     pub cluster: Option<ClusterSettings>,
+    /// What torchrun's own options change (`cli/torchrun.rs`).
+    pub torchrun: TorchrunOutput,
+}
+
+/// What torchrun's options change in a run: variables every rank gets
+/// (LOCAL_RANK=0 with --virtual-local-rank, TORCHELASTIC_SIGNALS_TO_HANDLE),
+/// the output prefix's template, the filtered copies of the output and
+/// where they go, the user signals that stop the job.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TorchrunOutput {
+    pub env: Vec<(String, String)>,
+    pub prefix_template: Option<String>,
+    /// Filters for stdout and stderr (`--duplicate-std*-filters`).
+    pub duplicate: [Option<Vec<String>>; 2],
+    pub dup_dir: Option<PathBuf>,
+    pub stop_on_usr: Vec<i32>,
+}
+
+impl TorchrunOutput {
+    /// Every launch gets the variables torchrun's options set.
+    pub(crate) fn set_env(&self, launches: &mut [super::RankLaunch]) {
+        for l in launches {
+            for (k, v) in &self.env {
+                l.env.insert(k.clone(), v.clone());
+            }
+        }
+    }
 }
 
 /// One node of a multi-node job.

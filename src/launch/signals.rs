@@ -48,14 +48,37 @@ pub(crate) enum Action {
 }
 
 pub(crate) fn action(sig: i32) -> Option<Action> {
+    let bit = |s: i32| 1u8 << (s == libc::SIGUSR2) as u8;
     Some(match sig {
         libc::SIGINT | libc::SIGTERM | libc::SIGHUP => Action::Stop(sig),
         libc::SIGQUIT => Action::Stop(libc::SIGTERM),
+        libc::SIGUSR1 | libc::SIGUSR2
+            if USR_STOPS.load(std::sync::atomic::Ordering::Relaxed) & bit(sig) != 0 =>
+        {
+            Action::Stop(sig)
+        }
         libc::SIGUSR1 | libc::SIGUSR2 | libc::SIGCONT => Action::Forward,
         libc::SIGTSTP => Action::Suspend,
         libc::SIGCHLD => Action::Child,
         _ => return None,
     })
+}
+
+/// SIGUSR1 (bit 0) and SIGUSR2 (bit 1) stop the job, forwarded, rather than
+/// pass through (torchrun's --signals-to-handle naming them).
+static USR_STOPS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Make these user signals stop the job (set once, before the ranks start).
+pub(crate) fn stop_on(sigs: &[i32]) {
+    let mut bits = 0u8;
+    for s in sigs {
+        bits |= match *s {
+            libc::SIGUSR1 => 1,
+            libc::SIGUSR2 => 2,
+            _ => 0,
+        };
+    }
+    USR_STOPS.store(bits, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Every signal the supervisor handles.

@@ -281,6 +281,17 @@ fn rank_count(
         NProc::Gpu if gpus == 0 => return Err(PlanError::NoGpus),
         NProc::Gpu => (gpus, format!("{gpus} ranks: one per GPU")),
         NProc::Auto if gpus > 0 => (gpus, format!("{gpus} ranks: one per visible GPU")),
+        NProc::Cpu => {
+            let k = topo.allowed_cpus.len();
+            (
+                k,
+                format!(
+                    "{k} ranks: one per allowed CPU, SMT siblings counted (torchrun's cpu \
+                     counts every online CPU, os.cpu_count(): {})",
+                    topo.online_cpus.len()
+                ),
+            )
+        }
         NProc::Auto => {
             let k = auto_ranks(topo, 0);
             (

@@ -13,6 +13,8 @@ pub enum NProc {
     Count(usize),
     Gpu,
     Auto,
+    /// One per allowed CPU (torchrun's `cpu`, which counts every online CPU).
+    Cpu,
 }
 
 /// A count the planner may choose.
@@ -190,6 +192,7 @@ impl fmt::Display for NProc {
             NProc::Count(n) => write!(f, "{n}"),
             NProc::Gpu => f.write_str("gpu"),
             NProc::Auto => f.write_str("auto"),
+            NProc::Cpu => f.write_str("cpu"),
         }
     }
 }
@@ -200,10 +203,12 @@ impl FromStr for NProc {
         match s {
             "gpu" => Ok(NProc::Gpu),
             "auto" => Ok(NProc::Auto),
+            "cpu" => Ok(NProc::Cpu),
+            "xpu" => Err("xpu: threadwise finds no Intel XPUs; give a number of ranks".into()),
             _ => s
                 .parse()
                 .map(NProc::Count)
-                .map_err(|_| format!("{s:?}: expected a number, gpu or auto")),
+                .map_err(|_| format!("{s:?}: expected a number, gpu, cpu or auto")),
         }
     }
 }

@@ -113,6 +113,8 @@ impl super::TrialRunner for Runner {
             timeout: Some(self.timeout),
             output: OutputOptions {
                 rank_base: 0,
+                prefix_of: None,
+                duplicate: [None, None],
                 prefix: true,
                 show: Some(vec![]),
                 sink: Some(sink),

@@ -161,6 +161,8 @@ impl super::TrialRunner for SrunRunner {
             timeout: Some(self.timeout),
             output: OutputOptions {
                 rank_base: 0,
+                prefix_of: None,
+                duplicate: [None, None],
                 prefix: false,
                 show: Some(vec![]),
                 sink: None,

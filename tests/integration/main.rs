@@ -19,6 +19,7 @@ mod signals;
 mod slurm;
 mod top;
 mod topologies;
+mod torchrun_cli;
 mod tune;
 
 use std::path::PathBuf;

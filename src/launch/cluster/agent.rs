@@ -46,6 +46,9 @@ pub(crate) struct AgentConfig {
     pub heartbeat_timeout: Duration,
     /// This node's name (its hostname).
     pub host: String,
+    /// The address this node gives the others (torchrun's --local-addr):
+    /// MASTER_ADDR when it is node 0; else the address it connects from.
+    pub local_addr: Option<String>,
     /// How long the rendezvous host stays, once its own part ended, for the
     /// others to stop theirs (their grace period and a little).
     pub linger: Duration,
@@ -210,6 +213,7 @@ fn handshake(
         port: crate::launch::env::free_port().unwrap_or(29500),
         auth: cfg.auth.mode().to_string(),
         nonce: mine.clone(),
+        addr: cfg.local_addr.clone(),
     };
     proto::send(
         &mut w,

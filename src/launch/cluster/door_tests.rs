@@ -95,6 +95,7 @@ impl Raw {
                 port: 1234,
                 auth: mode.into(),
                 nonce: nonce.into(),
+                addr: None,
             },
         });
     }

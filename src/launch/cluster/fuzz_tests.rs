@@ -94,6 +94,7 @@ fn hello(
         port: 1000 + conn as u16,
         auth: "none".into(),
         nonce: String::new(),
+        addr: None,
     }
 }
 

@@ -50,6 +50,9 @@ pub(crate) struct Hello {
     /// Its fresh nonce, for the host's proof.
     #[serde(default)]
     pub nonce: String,
+    /// The address it gives the others (--local-addr), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
 }
 
 /// How a node's part of a round went wrong.

@@ -43,6 +43,7 @@ fn launches_of(s: &RunSettings, start: &Start, run_id: &str) -> Vec<RankLaunch> 
     for l in &mut ls {
         l.env_remove.push(super::auth::SECRET_VAR.to_string());
     }
+    s.torchrun.set_env(&mut ls);
     ls
 }
 

@@ -37,6 +37,7 @@ pub(super) fn config(
         join_timeout: Duration::from_secs(20),
         heartbeat_timeout: Duration::from_secs(5),
         host: host.into(),
+        local_addr: None,
         linger: Duration::from_secs(2),
         auth: Auth::Open,
     }
@@ -190,6 +191,7 @@ fn vanishing_node(port: u16) -> std::thread::JoinHandle<()> {
                 port: 1,
                 auth: "none".into(),
                 nonce: String::new(),
+                addr: None,
             },
         };
         let mut line = serde_json::to_vec(&hello).unwrap();

@@ -15,6 +15,7 @@ fn hello(host: &str, hosting: bool) -> Hello {
         port: 100,
         auth: "none".into(),
         nonce: String::new(),
+        addr: None,
     }
 }
 

@@ -188,8 +188,9 @@ impl Coordinator {
         }
         let member = Member {
             conn,
+            // The address it names for itself (--local-addr), else the one it came from.
+            addr: hello.addr.clone().unwrap_or_else(|| addr.to_string()),
             hello,
-            addr: addr.to_string(),
             node_rank: 0,
             last_seen: now,
             ended: false,

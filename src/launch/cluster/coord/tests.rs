@@ -14,6 +14,7 @@ fn hello(host: &str, nproc: usize, hosting: bool, port: u16) -> Hello {
         port,
         auth: "none".into(),
         nonce: String::new(),
+        addr: None,
     }
 }
 
