@@ -137,8 +137,8 @@ fn d() -> crate::plan::PlanRequest {
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Placement")]
 pub(crate) struct PlanArgs {
-    /// Local ranks: a number, gpu (one per GPU) or auto
-    #[arg(short = 'n', long = "nproc-per-node", alias = "nproc_per_node", value_name = "N|gpu|auto", default_value_t = d().nproc,
+    /// Local ranks: a number, gpu (one per GPU), cpu (one per allowed CPU) or auto
+    #[arg(short = 'n', long = "nproc-per-node", alias = "nproc_per_node", value_name = "N|gpu|cpu|auto", default_value_t = d().nproc,
           value_parser = parse_nproc)]
     pub nproc: NProc,
     /// GPUs to use, as indices in PCI bus order: 0,1,3 | auto | none

@@ -8,7 +8,7 @@ use crate::plan::{Amount, GpuSelect, NProc, Reserve};
 
 pub(super) fn parse_nproc(s: &str) -> Result<NProc, String> {
     match s.parse()? {
-        NProc::Count(0) => Err("0 ranks: give at least 1, gpu or auto".into()),
+        NProc::Count(0) => Err("0 ranks: give at least 1, gpu, cpu or auto".into()),
         NProc::Count(n) if n > MAX_RANKS => Err(format!(
             "{n} ranks: at most {MAX_RANKS} local ranks (one node's CPUs)"
         )),

@@ -85,7 +85,7 @@ fn impossible_requests_name_what_is_short() {
     fails(
         &with(&s, &["-n", "x"]),
         2,
-        &["\"x\": expected a number, gpu or auto"],
+        &["\"x\": expected a number, gpu, cpu or auto"],
     );
     fails(
         &with(&s, &["--policy", "bogus"]),

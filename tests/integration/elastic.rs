@@ -184,6 +184,29 @@ fn grow_shrink_finish(via_env: bool) {
     let grown = wait_world(&d, 3, joined_at, Duration::from_secs(20))
         .unwrap_or_else(|| panic!("no world of 3 after the join\n{}", stderr(&d)));
     std::thread::sleep(Duration::from_millis(800));
+    // top follows the job into its new round: every rank of the world of 3
+    // (the ranks whose command line runs this test's script).
+    let top = Command::new(assert_cmd::cargo::cargo_bin("threadwise"))
+        .args(["top", "--all", "--once", "--json"])
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&top.stdout).unwrap_or_default();
+    let script = d.join("train.py").display().to_string();
+    let ours: Vec<u64> = doc["ranks"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .filter_map(|x| x["pid"].as_u64())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&script))
+        })
+        .collect();
+    assert_eq!(ours.len(), 3, "top saw {doc}");
     let killed_at = now();
     c.kill().unwrap();
     let _ = c.wait();

@@ -186,7 +186,7 @@ fn max_restarts_restarts_every_hosts_ranks() {
     let (h0, h1) = (read(d.path(), "host0"), read(d.path(), "host1"));
     assert_eq!((code0, code1), (0, 0), "{h0}{h1}");
     for (h, out) in [("host0", &h0), ("host1", &h1)] {
-        assert!(out.contains("(restart 1 of 1)"), "{out}");
+        assert!(out.contains("(round 1; restarts 1 of 1)"), "{out}");
         assert_eq!(
             out.matches(&format!("] {h} RANK=")).count(),
             4,
