@@ -92,11 +92,13 @@ def placement():
 def report_worker(local, init, worker_id):
     """A worker_init_fn: the helper's, then one line of what the worker got."""
     init(worker_id)
-    print(
+    line = (
         f"worker {worker_id} of local {local}: cpus {placement()} torch threads {torch.get_num_threads()} "
-        f"expected {os.environ.get('THREADWISE_WORKER_CPUS') or os.environ.get('THREADWISE_CPUS')}",
-        flush=True,
+        f"expected {os.environ.get('THREADWISE_WORKER_CPUS') or os.environ.get('THREADWISE_CPUS')}\n"
     )
+    # One write: the workers share the rank's stdout, and print() writes the
+    # line and its newline apart, so two workers' lines could interleave.
+    os.write(1, line.encode())
 
 
 def main():

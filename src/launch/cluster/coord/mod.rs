@@ -3,9 +3,10 @@
 //! is lost. An elastic job (`--nnodes MIN:MAX`) starts at MAX nodes, or at
 //! MIN once the last call has passed; a node that joins a running round is
 //! admitted at the next (the round stops for it), and a lost node leaves
-//! the survivors to form the next while at least MIN remain. Events in (a node joined, said something, went silent), messages
-//! out; `server.rs` does the sockets and the clock. Unit tests drive it with
-//! made-up nodes and instants.
+//! the survivors to form the next while at least MIN remain. Events in (a
+//! node joined, said something, went silent), messages out; `server.rs` does
+//! the sockets and the clock. Unit tests drive it with made-up nodes and
+//! instants.
 
 use std::time::{Duration, Instant};
 
