@@ -36,3 +36,8 @@ cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
 cargo test --locked
 scripts/test-wheel.sh
+# A live NUMA kernel: two guests under qemu (2 sockets x 2 cores on 2 nodes;
+# 4 nodes of one SMT core each), where every rank's pages are read from
+# /proc/PID/numa_maps (scripts/numa-guest.sh; about 2 minutes, and 1.5 the
+# first time for its packages).
+TW=target/debug/threadwise scripts/numa-guest.sh all

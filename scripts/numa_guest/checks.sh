@@ -1,0 +1,106 @@
+#!/bin/bash
+# Inside a guest of scripts/numa-guest.sh: watch the kernel, not our own
+# reading of it. Prints one line per check; exits 1 at the first failure.
+set -euo pipefail
+tw=${TW:-target/release/threadwise}
+touch=scripts/numa_guest/touch.py
+fail() { echo "FAIL $*"; exit 1; }
+nodes=$(ls -d /sys/devices/system/node/node[0-9]* | wc -l)
+# One rank per NUMA node; a buffer that fits a node of this guest.
+mib=$((nodes > 2 ? 128 : 256))
+
+# 1. topo agrees with lstopo (hwloc) and with the kernel's distance table.
+"$tw" topo --json >/tmp/topo.json
+python3 - "$nodes" <<'PY' || exit 1
+import json, subprocess, sys, glob
+t = json.load(open("/tmp/topo.json"))
+count = lambda kind: len(subprocess.run(["lstopo-no-graphics", "--only", kind], capture_output=True, text=True).stdout.splitlines())
+def expand(s):
+    cpus = set()
+    for part in filter(None, s.split(",")):
+        a, _, b = part.partition("-")
+        cpus |= set(range(int(a), int(b or a) + 1))
+    return cpus
+ours = {"numa": len(t["numa_nodes"]), "package": len(t["packages"]), "core": len(t["cores"]),
+        "pu": sum(len(expand(c["cpus"])) for c in t["cores"])}
+theirs = {k: count(k) for k in ours}
+bad = {k: (ours[k], theirs[k]) for k in ours if ours[k] != theirs[k]}
+kernel = [list(map(int, open(f"/sys/devices/system/node/node{i}/distance").read().split())) for i in range(int(sys.argv[1]))]
+dist = t["numa_distances"]
+dist = dist["matrix"] if isinstance(dist, dict) else dist
+if bad or dist != kernel:
+    sys.exit(f"FAIL topo: ours vs lstopo {bad}; distances {dist} vs the kernel's {kernel}")
+print(f"ok   topo = lstopo: {ours['numa']} NUMA nodes, {ours['package']} packages, {ours['core']} cores, {theirs['pu']} PUs; distances = the kernel's {kernel}")
+PY
+
+# 2. Each rank's pages on its own node (bind, preferred, local), its CPUs the plan's.
+for mem in bind preferred local; do
+  out=$("$tw" run -n "$nodes" --mem "$mem" -q --no-doctor -- python3 "$touch" "$mib" --worker 2>&1)
+  python3 - "$mem" "$out" "$nodes" "$mib" <<'PY' || exit 1
+import re, sys
+mem, out, n, mib = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+ranks = re.findall(r"numa rank (\d+) nodes (\S+) policy (\S+) pages \d+ (.*?) cpus (\S+)", out)
+if len(ranks) != n:
+    sys.exit(f"FAIL {mem}: {out}")
+for r, node, policy, shares, cpus in ranks:
+    # Its own nodes: a rank may span several (a package of two NUMA nodes).
+    got = dict(re.findall(r"N(\d+)=([0-9.]+)%", shares))
+    own = sum(float(got.get(n, 0)) for n in node.split(","))
+    if own < 95:
+        sys.exit(f"FAIL {mem}: rank {r} has {own}% of its {mib} MiB on its node {node}: {shares}")
+workers = re.findall(r"numa worker of rank (\d+) cpus (\S+) planned (\S+)", out)
+def expand(s):
+    cpus = set()
+    for part in s.split(","):
+        a, _, b = part.partition("-")
+        cpus |= set(range(int(a), int(b or a) + 1))
+    return cpus
+bad = [w for w in workers if expand(w[1]) != expand(w[2])]
+if len(workers) != n or bad:
+    sys.exit(f"FAIL {mem}: workers {workers}")
+print(f"ok   run -n {n} --mem {mem} ({mib} MiB each): " + "; ".join(f"rank {r} node {n} {p} {s} cpus {c}" for r, n, p, s, c in ranks)
+      + "; workers on their planned CPUs")
+PY
+done
+
+# 3. One rank over every node, interleaved: 40-60% on each (2 nodes), or an even share.
+out=$("$tw" run -n 1 --policy none --mem interleave -q --no-doctor -- python3 "$touch" 256 2>&1)
+python3 - "$nodes" "$out" <<'PY' || exit 1
+import re, sys
+n, out = int(sys.argv[1]), sys.argv[2]
+shares = {int(k): float(v) for k, v in re.findall(r"N(\d+)=([0-9.]+)%", out)}
+even = 100.0 / n
+if len(shares) != n or any(abs(v - even) > 10 for v in shares.values()):
+    sys.exit(f"FAIL interleave: {out}")
+print(f"ok   run -n 1 --mem interleave: " + " ".join(f"N{k}={v}%" for k, v in sorted(shares.items())))
+PY
+
+# 4. bind under mpirun: the same pages on the same nodes.
+if command -v mpirun >/dev/null; then
+  out=$(mpirun --allow-run-as-root --oversubscribe -np "$nodes" --bind-to none "$tw" bind --mem bind -- python3 "$touch" 64 2>&1)
+  python3 - "$out" "$nodes" <<'PY' || exit 1
+import re, sys
+out, n = sys.argv[1], int(sys.argv[2])
+ranks = re.findall(r"numa rank (\S+) nodes (\S+) policy (\S+) pages \d+ (.*?) cpus", out)
+if len(ranks) != n or len({x for _, x, _, _ in ranks}) != n:
+    sys.exit(f"FAIL mpirun bind: {out}")
+for r, node, policy, shares in ranks:
+    got = dict(re.findall(r"N(\d+)=([0-9.]+)%", shares))
+    own = sum(float(got.get(n, 0)) for n in node.split(","))
+    if own < 95:
+        sys.exit(f"FAIL mpirun bind: rank {r}: {own}% on node {node}")
+print("ok   mpirun ... threadwise bind --mem bind: " + "; ".join(f"node {n} {p} {s}" for _, n, p, s in sorted(ranks)))
+PY
+fi
+
+# 5. doctor's NUMA findings on a machine that has NUMA.
+"$tw" doctor --json --no-python >/tmp/doctor.json || true
+python3 - <<'PY' || exit 1
+import json, sys
+d = json.load(open("/tmp/doctor.json"))
+numa = [f for f in d["findings"] if f["id"].startswith("memory.numa")]
+if not numa:
+    sys.exit(f"FAIL doctor: no NUMA finding: {[f['id'] for f in d['findings']]}")
+print("ok   doctor: " + ", ".join(f"{f['id']} {f['severity']}" for f in numa))
+PY
+echo "guest checks passed"
