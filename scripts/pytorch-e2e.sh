@@ -84,8 +84,8 @@ printf '    %s (both ranks)\n' "$sums"
 
 # The wheel's helper under bind: every real DataLoader worker lands on its
 # rank's THREADWISE_WORKER_CPUS with one thread (bind leaves no mover behind).
-ls dist/threadwise-*.whl >/dev/null 2>&1 || scripts/wheel.sh >/dev/null
-pip install -q --no-deps --force-reinstall dist/threadwise-*.whl
+ls dist/threadwise-*"$(uname -m)".whl >/dev/null 2>&1 || scripts/wheel.sh >/dev/null
+pip install -q --no-deps --force-reinstall dist/threadwise-*"$(uname -m)".whl
 torchrun --standalone --nproc-per-node 2 --no-python "$tw" bind -- python "$ex" --helper --steps 5 >"$out/helper.log" 2>&1
 check "bind + threadwise.worker_init_fn" "$out/helper.log"
 python - "$out/helper.log" <<'PY'

@@ -13,8 +13,14 @@
 # assumed (rustup).
 #
 #   scripts/wheel.sh            # -> dist/threadwise-<version>-py3-none-manylinux_2_17_<arch>.whl
+#   scripts/wheel.sh --target aarch64-unknown-linux-gnu   # cross: Grace, Graviton (Debian's
+#                               # gcc-aarch64-linux-gnu compiles the kernels and gives libgomp.a)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+target=
+if [ "${1:-}" = --target ]; then
+  target=${2:?--target needs a Rust target triple}
+fi
 
 MATURIN=1.16.0
 ZIGLANG=0.17.1
@@ -22,8 +28,17 @@ tools=target/wheel-tools
 
 need=()
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
-gomp=$(gcc -print-file-name=libgomp.a 2>/dev/null || true)
-[ -f "$gomp" ] || need+=(gcc libgcc-12-dev)
+cc=gcc
+case $target in
+  "" | x86_64-unknown-linux-gnu) ;;
+  aarch64-unknown-linux-gnu)
+    cc=aarch64-linux-gnu-gcc
+    command -v "$cc" >/dev/null || need+=(gcc-aarch64-linux-gnu)
+    rustup target list --installed 2>/dev/null | grep -qx "$target" || rustup target add "$target" >&2 ;;
+  *) echo "wheel.sh: error: no wheel for --target $target; hint: aarch64-unknown-linux-gnu, or none" >&2; exit 2 ;;
+esac
+gomp=$($cc -print-file-name=libgomp.a 2>/dev/null || true)
+[ -f "$gomp" ] || [ "$cc" != gcc ] || need+=(gcc libgcc-12-dev)
 if ((${#need[@]})); then
   echo "wheel.sh: installing ${need[*]}" >&2
   apt-get update -qq
@@ -38,9 +53,11 @@ fi
 
 start=$(date +%s)
 mkdir -p dist
-rm -f dist/threadwise-*.whl
-THREADWISE_STATIC_OPENMP=1 PATH="$PWD/$tools/bin:$PATH" \
-  maturin build --locked --zig --compatibility manylinux2014 --out dist >&2
-wheel=$(ls dist/threadwise-*.whl)
+arch=${target%%-*}
+arch=${arch:-$(uname -m)}
+rm -f dist/threadwise-*"$arch".whl
+THREADWISE_STATIC_OPENMP=1 THREADWISE_OPENMP_CC=$cc PATH="$PWD/$tools/bin:$PATH" \
+  maturin build --locked --zig --compatibility manylinux2014 ${target:+--target "$target"} --out dist >&2
+wheel=$(ls dist/threadwise-*"$arch".whl)
 echo "wheel.sh: built $wheel ($(du -k "$wheel" | cut -f1) KiB) in $(($(date +%s) - start)) s" >&2
 echo "$wheel"
