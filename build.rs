@@ -60,12 +60,9 @@ fn static_libgomp(gcc: &str) -> PathBuf {
 
 /// A file of GCC's own (`-print-file-name=...`, `-print-libgcc-file-name`).
 fn gcc_file(gcc: &str, ask: &str) -> PathBuf {
-    let asked = Command::new(gcc)
-        .arg(ask)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("THREADWISE_STATIC_OPENMP=1 needs GCC ({gcc}) to find its files ({ask}): {e}")
-        });
+    let asked = Command::new(gcc).arg(ask).output().unwrap_or_else(|e| {
+        panic!("THREADWISE_STATIC_OPENMP=1 needs GCC ({gcc}) to find its files ({ask}): {e}")
+    });
     let path = PathBuf::from(String::from_utf8_lossy(&asked.stdout).trim());
     if !path.is_absolute() || !path.is_file() {
         panic!(
