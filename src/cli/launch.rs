@@ -167,27 +167,6 @@ fn rendezvous_auth(a: &RunCmd, notes: &mut Vec<String>) -> Result<Auth, Failure>
     Ok(auth)
 }
 
-/// What the torchrun options that change nothing here mean, said once.
-fn inert_notes(a: &RunCmd) -> Vec<String> {
-    let mut notes = vec![];
-    if a.tee.is_some() || a.redirects.is_some() {
-        notes.push(
-            "--tee/--redirects: the ranks' output always reaches the terminal, prefixed; \
-             --log-dir also writes it to files"
-                .into(),
-        );
-    }
-    if let Some(c) = &a.rdzv_conf
-        && !c.inert.is_empty()
-    {
-        notes.push(format!(
-            "--rdzv-conf {}: no effect on threadwise's rendezvous (join_timeout is the one it reads)",
-            c.inert.join(", ")
-        ));
-    }
-    notes
-}
-
 /// torchrun's --print-completion: threadwise's own completion script.
 fn print_completion(shell: &str) -> Result<Exit, Failure> {
     use clap::CommandFactory;
@@ -326,7 +305,6 @@ pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> 
     // What came from torchrun's environment, said at start-up and in the dry run.
     let mut notes: Vec<String> = pet::said(from_env).into_iter().collect();
     notes.extend(form);
-    notes.extend(inert_notes(&a));
     let torchrun = super::torchrun::apply(&mut a, &mut notes)?;
     // torchrun's static shape (node ranks and a master, no endpoint, as
     // Kubeflow's trainer v2 gives): the rendezvous at MASTER_ADDR:MASTER_PORT,
@@ -503,7 +481,7 @@ mod tests {
         assert!(note.unwrap().contains("python3 -u train.py --lr ..."));
         let a = run_cmd(&torchx);
         assert_eq!((a.role.as_str(), a.tee.as_deref()), ("", Some("3")));
-        assert_eq!(inert_notes(&a).len(), 1);
+        assert_eq!(super::super::torchrun::inert_notes(&a).len(), 1);
         // python before python3, as a venv has both.
         let (c, _) = command(&["-m", "pkg.train", "-x"], &["python", "python3"]).unwrap();
         assert_eq!(c, ["python", "-u", "-m", "pkg.train", "-x"]);
@@ -530,7 +508,7 @@ mod tests {
         );
         let conf = run_cmd(&["--rdzv-conf", "join_timeout=900,read_timeout=60", "--", "x"]);
         assert_eq!(join_timeout(&conf), Duration::from_secs(900));
-        assert!(inert_notes(&conf)[0].contains("read_timeout"));
+        assert!(super::super::torchrun::inert_notes(&conf)[0].contains("read_timeout"));
         let both = run_cmd(&[
             "--rdzv-timeout",
             "30",

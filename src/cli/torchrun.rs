@@ -139,10 +139,32 @@ pub(crate) fn filters(s: &str) -> Vec<String> {
     out
 }
 
+/// What the torchrun options that change nothing here mean, said once.
+pub(super) fn inert_notes(a: &RunCmd) -> Vec<String> {
+    let mut notes = vec![];
+    if a.tee.is_some() || a.redirects.is_some() {
+        notes.push(
+            "--tee/--redirects: the ranks' output always reaches the terminal, prefixed; \
+             --log-dir also writes it to files"
+                .into(),
+        );
+    }
+    if let Some(c) = &a.rdzv_conf
+        && !c.inert.is_empty()
+    {
+        notes.push(format!(
+            "--rdzv-conf {}: no effect on threadwise's rendezvous (join_timeout is the one it reads)",
+            c.inert.join(", ")
+        ));
+    }
+    notes
+}
+
 /// What torchrun's options change in the run, and notes said once (at
 /// start-up and by `--dry-run`).
 pub(super) fn apply(a: &mut RunCmd, notes: &mut Vec<String>) -> Result<TorchrunOutput, Failure> {
     let t = a.torchrun.clone();
+    notes.extend(inert_notes(a));
     let mut inert = vec![];
     if let Some(v) = t.monitor_interval {
         inert.push(format!("--monitor-interval {v}"));
@@ -241,13 +263,29 @@ pub(super) fn apply(a: &mut RunCmd, notes: &mut Vec<String>) -> Result<TorchrunO
     let dup_dir: Option<PathBuf> = match (&duplicate, &a.log_dir) {
         ([None, None], _) => None,
         (_, Some(d)) => Some(d.clone()),
+        (_, None) if a.dry_run => {
+            notes.push(
+                "--duplicate-*-filters without --log-dir: the filtered lines go to a private \
+                 directory made under the temporary directory at start"
+                    .into(),
+            );
+            None
+        }
         (_, None) => {
-            // torchrun writes them under a temporary log directory of its own.
-            let d = std::env::temp_dir().join(format!(
-                "threadwise-filtered-{}-{}",
-                std::process::id(),
-                crate::launch::env::run_id()
-            ));
+            // torchrun writes them under a temporary log directory of its
+            // own; ours is made afresh, readable by us only, and kept.
+            use std::os::unix::fs::PermissionsExt;
+            let d = tempfile::Builder::new()
+                .prefix("threadwise-filtered-")
+                .permissions(std::fs::Permissions::from_mode(0o700))
+                .tempdir()
+                .map_err(|e| {
+                    Failure::env(
+                        format!("cannot make a directory for the filtered lines: {e}"),
+                        "give --log-dir DIR",
+                    )
+                })?
+                .keep();
             notes.push(format!(
                 "--duplicate-*-filters without --log-dir: the filtered lines go to {}",
                 d.display()

@@ -67,6 +67,13 @@ fn configs(
     grid::dedupe(v).map_err(bad)
 }
 
+/// The most trials an undecided row runs: --max-runs, else 4 x --runs.
+fn max_runs(a: &TuneCmd) -> usize {
+    a.max_runs
+        .unwrap_or(crate::tune::DEFAULT_BLOCKS * a.runs)
+        .max(a.runs)
+}
+
 /// What `tune --dry-run` prints: the trials it would run, the command each
 /// runs, and every configuration's placement (rank by rank) as the runner
 /// would launch it; a configuration that cannot be planned says why.
@@ -78,10 +85,7 @@ fn dry_run(
     argv: &[OsString],
 ) -> String {
     let n = configs.len();
-    let max = a
-        .max_runs
-        .unwrap_or(crate::tune::DEFAULT_BLOCKS * a.runs)
-        .max(a.runs);
+    let max = max_runs(a);
     let shown: Vec<String> = argv
         .iter()
         .map(|x| x.to_string_lossy().into_owned())
@@ -322,10 +326,7 @@ fn tune_options(
         // The default search combines what beat the plan; a --grid is measured as given.
         combine: a.grid.is_empty().then(|| base.clone()),
         runs: a.runs,
-        max_runs: a
-            .max_runs
-            .unwrap_or(crate::tune::DEFAULT_BLOCKS * a.runs)
-            .max(a.runs),
+        max_runs: max_runs(a),
         warmup: a.warmup,
         strategy: a.strategy,
         metric,

@@ -555,12 +555,7 @@ fn every_exported_variable_is_documented() {
             .args(&extra)
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let p: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let p: serde_json::Value = serde_json::from_str(&super::stdout_ok(out)).unwrap();
         for r in p["ranks"].as_array().unwrap() {
             names.extend(r["env"].as_object().unwrap().keys().cloned());
         }
@@ -815,12 +810,7 @@ fn run_bind_and_tune_preview_another_machine_only_with_dry_run() {
         ])
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = super::stdout_ok(out);
     assert!(text.contains("56-63,120-127"), "rank 7's CPUs: {text}");
     let out = threadwise()
         .args([
@@ -871,12 +861,7 @@ fn tune_dry_run_lists_the_configurations_and_runs_nothing() {
         .arg(format!("touch {}", marker.display()))
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = super::stdout_ok(out);
     // unset, then the four grid points: 5 x 3 = 15 trials.
     assert!(
         text.contains("5 configuration(s) x 3 round(s) = 15 trials"),

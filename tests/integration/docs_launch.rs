@@ -170,16 +170,20 @@ fn every_launch_example_in_the_docs_runs() {
         }
         let (env, tw) = under_launcher(&cmd);
         if tw.starts_with("threadwise top") {
-            // The live ranks' pids, for `--pid`.
-            let json = go("threadwise top --once --json", &[]);
-            let doc: serde_json::Value = serde_json::from_slice(&json.stdout)
-                .unwrap_or_else(|e| panic!("top --json: {e}: {}", show(&json)));
-            let pids: Vec<String> = doc["ranks"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|r| r["pid"].to_string())
-                .collect();
+            // Our live run's ranks (its `sleep` children; the suite's other
+            // tests start runs of their own, so not "the newest run"), for `--pid`.
+            let id = live.id();
+            let pids: Vec<String> =
+                std::fs::read_to_string(format!("/proc/{id}/task/{id}/children"))
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .filter(|p| {
+                        std::fs::read_to_string(format!("/proc/{p}/comm"))
+                            .is_ok_and(|c| c.trim() == "sleep")
+                    })
+                    .map(str::to_string)
+                    .collect();
+            assert_eq!(pids.len(), 2, "the live run's ranks");
             let once = tw.replace("--pid 4121 4122", &format!("--pid {}", pids.join(" ")));
             let once = if once.contains("--once") {
                 once

@@ -94,6 +94,12 @@ pub fn ranks_up(dir: &std::path::Path, n: usize) -> bool {
     (0..n).all(|r| dir.join(format!("up{r}")).exists())
 }
 
+/// A TCP port free on loopback now.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
 /// The stdout of a command that must have succeeded (its stderr otherwise).
 pub fn stdout_ok(out: std::process::Output) -> String {
     assert!(

@@ -94,7 +94,7 @@ fn threads_and_rss(pid: u32) -> Option<(u64, u64)> {
 
 #[test]
 fn a_flood_of_connections_neither_stops_the_job_nor_grows_node_0() {
-    let port = crate_free_port();
+    let port = super::free_port();
     let d = tempfile::tempdir().unwrap();
     let flag = d.path().join("enough");
     let mut n0 = agent(port, &flag);
@@ -180,9 +180,4 @@ fn a_flood_of_connections_neither_stops_the_job_nor_grows_node_0() {
     assert!(peak_threads <= 40, "node 0 grew to {peak_threads} threads");
     assert!(peak_rss < 48 * 1024, "node 0 grew to {peak_rss} KiB");
     assert!(err0.contains("refused a peer at 127.0.0.2"), "{err0}");
-}
-
-fn crate_free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
 }

@@ -4,6 +4,7 @@
 //! real where it changes something. (scripts/pytorch-e2e.sh reads the
 //! installed torchrun's own parser, so a new torchrun option fails there.)
 
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -207,12 +208,7 @@ fn an_elastic_node_range_is_accepted() {
             .env_remove("SLURM_JOB_ID")
             .output()
             .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = super::stdout_ok(out);
         assert!(text.contains("as one of 1 to 2 node(s) (elastic"), "{text}");
     }
 }
@@ -274,12 +270,7 @@ fn torchruns_options_do_what_torchruns_do() {
         .args(["--virtual-local-rank", "--run-path", "t.py"])
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = super::stdout_ok(out);
     // The template is the prefix; LOCAL_RANK is 0 in both ranks.
     assert!(text.contains("default/1|1: loss 1 0"), "{text}");
     assert!(text.contains("default/0|0: loss 0 0"), "{text}");
@@ -292,6 +283,31 @@ fn torchruns_options_do_what_torchruns_do() {
     assert_eq!(filtered, ["loss 0 0", "loss 1 0"]);
     let err_lines = std::fs::read_to_string(d.join("logs/filtered-stderr.log")).unwrap();
     assert_eq!(err_lines.lines().count(), 2, "{err_lines}");
+    // Without --log-dir: a private directory of its own, named on stderr.
+    let out = threadwise()
+        .current_dir(d)
+        .args([
+            "run",
+            "-q",
+            "-n",
+            "1",
+            "--duplicate-stdout-filters",
+            "loss",
+            "t.py",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let dir = err
+        .split("the filtered lines go to ")
+        .nth(1)
+        .and_then(|r| r.lines().next())
+        .unwrap_or_else(|| panic!("{err}"));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir).unwrap().permissions().mode() & 0o777;
+    let kept = std::fs::read_to_string(Path::new(dir).join("filtered-stdout.log")).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+    assert_eq!((mode, kept.as_str()), (0o700, "loss 0 0\n"), "{err}");
     // One rank per allowed CPU.
     let out = threadwise()
         .args(["run", "--dry-run", "--nproc-per-node", "cpu", "t.py"])

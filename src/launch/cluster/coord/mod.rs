@@ -438,11 +438,7 @@ impl Coordinator {
             code: 1,
             restartable: self.is_elastic(),
         };
-        let mut out = match &self.phase {
-            Phase::Running => self.stop_round(Some(conn), f, true),
-            Phase::Stopping { counts: false, .. } => self.stop_round(Some(conn), f, true),
-            _ => vec![],
-        };
+        let mut out = self.stop_round(Some(conn), f, true);
         out.extend(self.round_over());
         out
     }
