@@ -37,19 +37,23 @@ fn main() {
             "cargo:rustc-link-arg-bin=threadwise-workload={}",
             gomp.display()
         );
-        // GCC's aarch64 code calls its outline atomics (__aarch64_ldadd4_acq_rel
-        // and the like, chosen at run time between LSE and LL/SC), which live
-        // in GCC's own libgcc.a: a linker other than GCC's (zig's) needs it named.
-        if std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("aarch64") {
-            println!(
-                "cargo:rustc-link-arg-bin=threadwise-workload={}",
-                gcc_file(&gcc, "-print-libgcc-file-name").display()
-            );
-        }
         println!("cargo:rustc-link-arg-bin=threadwise-workload=-lpthread");
         println!("cargo:rustc-link-arg-bin=threadwise-workload=-ldl");
     } else {
         println!("cargo:rustc-link-arg-bin=threadwise-workload=-fopenmp");
+    }
+    // GCC's aarch64 code calls its outline atomics (__aarch64_ldadd4_acq_rel
+    // and the like, chosen at run time between LSE and LL/SC), which live in
+    // GCC's own libgcc.a. Rust links with -nodefaultlibs, and zig's linker
+    // knows nothing of GCC's: named here, for a native build on Grace, a
+    // cross one and the wheel alike.
+    if std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("aarch64") {
+        let compiler = build.get_compiler();
+        let cc = compiler.path().to_string_lossy();
+        println!(
+            "cargo:rustc-link-arg-bin=threadwise-workload={}",
+            gcc_file(&cc, "-print-libgcc-file-name").display()
+        );
     }
 }
 
@@ -61,13 +65,13 @@ fn static_libgomp(gcc: &str) -> PathBuf {
 /// A file of GCC's own (`-print-file-name=...`, `-print-libgcc-file-name`).
 fn gcc_file(gcc: &str, ask: &str) -> PathBuf {
     let asked = Command::new(gcc).arg(ask).output().unwrap_or_else(|e| {
-        panic!("THREADWISE_STATIC_OPENMP=1 needs GCC ({gcc}) to find its files ({ask}): {e}")
+        panic!("the workload's link needs GCC ({gcc}) to find its files ({ask}): {e}")
     });
     let path = PathBuf::from(String::from_utf8_lossy(&asked.stdout).trim());
     if !path.is_absolute() || !path.is_file() {
         panic!(
-            "THREADWISE_STATIC_OPENMP=1: {gcc} {ask} printed {path:?}, no file; install GCC's \
-             OpenMP library (Debian: libgcc-12-dev, or gcc-aarch64-linux-gnu for aarch64) or \
+            "the workload's link: {gcc} {ask} printed {path:?}, no file; install GCC's \
+             libraries (Debian: libgcc-12-dev, or gcc-aarch64-linux-gnu for aarch64) or \
              set THREADWISE_OPENMP_CC"
         );
     }

@@ -210,7 +210,13 @@ mod placement_tests {
             mem: Some((MPOL_PREFERRED, vec![1])),
         };
         let got = std::thread::spawn(move || {
-            p.apply().unwrap();
+            match p.apply() {
+                Ok(()) => {}
+                // qemu-user (the aarch64 unit tests) implements no
+                // set_mempolicy; the CPUs are set before it.
+                Err(("set_mempolicy", e)) if e.raw_os_error() == Some(libc::ENOSYS) => {}
+                Err(e) => panic!("{e:?}"),
+            }
             let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
             (get_affinity().unwrap(), status)
         })

@@ -47,12 +47,11 @@ fn numa_layout(topo: &Topology, out: &mut Vec<Finding>) -> usize {
             topo.numa_nodes
                 .iter()
                 .map(|n| {
-                    format!(
-                        "node {}: cpus {} {} MiB",
-                        n.id,
-                        n.cpus,
-                        n.memory_bytes >> 20
-                    )
+                    let cpus = match n.cpus.is_empty() {
+                        true => "memory only,".to_string(),
+                        false => format!("cpus {}", n.cpus),
+                    };
+                    format!("node {}: {cpus} {} MiB", n.id, n.memory_bytes >> 20)
                 })
                 .collect::<Vec<_>>()
                 .join("; "),

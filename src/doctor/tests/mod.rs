@@ -301,3 +301,30 @@ fn every_finding_is_in_the_docs_table() {
         "findings not in docs/watch.md: {missing:?}"
     );
 }
+
+#[test]
+fn memory_only_nodes_are_named_so() {
+    // A Grace-like machine: two CPU nodes and two memory-only ones (GPU memory).
+    let mut t = topo("package:2 core:2");
+    for id in [2, 3] {
+        t.numa_nodes.push(crate::topology::NumaNode {
+            id,
+            cpus: Default::default(),
+            memory_bytes: 512 * MIB,
+        });
+    }
+    let f = diagnose(&base(), &t, &n(2), None);
+    let numa = f.iter().find(|x| x.id == "memory.numa").unwrap();
+    assert_eq!(numa.title, "4 NUMA node(s), 2 with CPUs");
+    assert!(
+        numa.evidence
+            .contains("node 2: memory only, 512 MiB; node 3: memory only, 512 MiB"),
+        "{}",
+        numa.evidence
+    );
+    assert!(
+        numa.evidence.starts_with("node 0: cpus 0-1 "),
+        "{}",
+        numa.evidence
+    );
+}
