@@ -4,7 +4,8 @@
 # jemalloc and tcmalloc libraries, a one-node Slurm, two test hosts with a
 # Slurm across them), then fmt, clippy, tests,
 # then the wheel (scripts/test-wheel.sh: build, platform checks, a fresh venv
-# running the main job, the Python helper's pytest tests).
+# running the main job, the Python helper's pytest tests), then NUMA guests
+# (x86_64 and an aarch64 Grace-like one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,3 +42,9 @@ scripts/test-wheel.sh
 # /proc/PID/numa_maps (scripts/numa-guest.sh; about 2 minutes, and 1.5 the
 # first time for its packages).
 TW=target/debug/threadwise scripts/numa-guest.sh all
+# aarch64: the wheel cross-built, its binaries under qemu-user, and a
+# Grace-like guest (2 CPU nodes, 2 memory-only) where run -n 2 places ranks
+# through the real clone3 path (scripts/aarch64-check.sh; about 2.5 minutes;
+# the unit and CLI tests under qemu-user, 5 more, are left to the opt-in run
+# of the whole script).
+scripts/aarch64-check.sh --no-tests

@@ -13,14 +13,10 @@ mib=$((nodes > 2 ? 128 : 256))
 "$tw" topo --json >/tmp/topo.json
 python3 - "$nodes" <<'PY' || exit 1
 import json, subprocess, sys, glob
+sys.path.insert(0, "scripts/numa_guest")
+from cpulist import expand
 t = json.load(open("/tmp/topo.json"))
 count = lambda kind: len(subprocess.run(["lstopo-no-graphics", "--only", kind], capture_output=True, text=True).stdout.splitlines())
-def expand(s):
-    cpus = set()
-    for part in filter(None, s.split(",")):
-        a, _, b = part.partition("-")
-        cpus |= set(range(int(a), int(b or a) + 1))
-    return cpus
 ours = {"numa": len(t["numa_nodes"]), "package": len(t["packages"]), "core": len(t["cores"]),
         "pu": sum(len(expand(c["cpus"])) for c in t["cores"])}
 theirs = {k: count(k) for k in ours}
@@ -38,6 +34,8 @@ for mem in bind preferred local; do
   out=$("$tw" run -n "$nodes" --mem "$mem" -q --no-doctor -- python3 "$touch" "$mib" --worker 2>&1)
   python3 - "$mem" "$out" "$nodes" "$mib" <<'PY' || exit 1
 import re, sys
+sys.path.insert(0, "scripts/numa_guest")
+from cpulist import expand
 mem, out, n, mib = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 ranks = re.findall(r"numa rank (\d+) nodes (\S+) policy (\S+) pages \d+ (.*?) cpus (\S+)", out)
 if len(ranks) != n:
@@ -48,13 +46,12 @@ for r, node, policy, shares, cpus in ranks:
     own = sum(float(got.get(n, 0)) for n in node.split(","))
     if own < 95:
         sys.exit(f"FAIL {mem}: rank {r} has {own}% of its {mib} MiB on its node {node}: {shares}")
+    # The policy the kernel holds is the one asked for (an interleave over
+    # one node would place pages the same).
+    want = {"bind": f"bind:{node}", "preferred": f"prefer:{node}", "local": "local"}[mem]
+    if "," not in node and policy != want:  # (a rank over several nodes: numa_maps writes ranges)
+        sys.exit(f"FAIL {mem}: rank {r} runs under policy {policy}, not {want}")
 workers = re.findall(r"numa worker of rank (\d+) cpus (\S+) planned (\S+)", out)
-def expand(s):
-    cpus = set()
-    for part in s.split(","):
-        a, _, b = part.partition("-")
-        cpus |= set(range(int(a), int(b or a) + 1))
-    return cpus
 bad = [w for w in workers if expand(w[1]) != expand(w[2])]
 if len(workers) != n or bad:
     sys.exit(f"FAIL {mem}: workers {workers}")
