@@ -6,7 +6,7 @@
 tw=/usr/bin/threadwise
 say() { sed "s/^/@@$1 /"; }
 
-echo "@@uname $(uname -m) $(uname -r) $(nproc) cpus"
+echo "@@uname $(uname -m) $(uname -r) $(nproc) cpus, up $(cut -d" " -f1 /proc/uptime) s"
 for d in /sys/devices/system/node/node[0-9]*; do
   n=${d##*node}
   echo "@@node $n cpus=$(cat "$d/cpulist") memkb=$(awk '/MemTotal/ {print $4}' "$d/meminfo") distance=$(cat "$d/distance" | tr ' ' ,)"
@@ -37,4 +37,4 @@ say workload </tmp/out
 "$tw" doctor --json --no-python >/tmp/out 2>&1
 echo "@@code doctor $?"
 echo "@@doctor $(tr -d '\n' </tmp/out)"
-echo "@@done"
+echo "@@done $(cut -d" " -f1 /proc/uptime)"

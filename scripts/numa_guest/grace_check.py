@@ -112,4 +112,5 @@ numa = next((f for f in doctor["findings"] if f["id"] == "memory.numa"), None)
 if not numa or "memory only" not in numa["evidence"]:
     fail(f"doctor: {numa}")
 print(f"ok   doctor: {numa['title']} ({numa['evidence']})")
-print("aarch64 guest checks passed")
+up = re.search(r"up ([0-9.]+) s", uname)[1]
+print(f"aarch64 guest checks passed ({uname.split(',')[0]}: booted in {up} s, checks done at {said('done')[0]} s of uptime)")
