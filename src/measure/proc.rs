@@ -181,16 +181,7 @@ impl ProcReader {
         }
         super::process::finish_children(&mut p.children);
         if numa && let Some(maps) = self.read(&format!("{pid}/numa_maps")) {
-            let mut per: BTreeMap<usize, u64> = BTreeMap::new();
-            for word in maps.split_whitespace() {
-                if let Some(rest) = word.strip_prefix('N')
-                    && let Some((n, pages)) = rest.split_once('=')
-                    && let (Ok(n), Ok(pages)) = (n.parse::<usize>(), pages.parse::<u64>())
-                {
-                    *per.entry(n).or_default() += pages;
-                }
-            }
-            p.pages_per_node = Some(per);
+            p.pages_per_node = Some(own_pages_per_node(maps));
         }
         Some(p)
     }
@@ -262,4 +253,54 @@ pub(crate) fn ticks_per_second() -> f64 {
     // SAFETY: plain query.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if t > 0 { t as f64 } else { 100.0 }
+}
+
+/// A process's own pages per NUMA node, from its numa_maps: heap, stacks,
+/// anonymous and shared-memory mappings (`/dev/shm`, memfd, SysV: where
+/// DataLoader workers hand over batches). Not files such as its libraries:
+/// the page cache holds one copy, on the node of whoever read it first, so
+/// every rank but one would look remote (a Grace guest's rank 1 showed 22%
+/// of its pages off its node, all of them the workload's own binary and libc).
+pub(crate) fn own_pages_per_node(numa_maps: &str) -> BTreeMap<usize, u64> {
+    let mut per: BTreeMap<usize, u64> = BTreeMap::new();
+    for line in numa_maps.lines() {
+        let file = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("file="));
+        if file.is_some_and(|f| {
+            !(f.starts_with("/dev/shm/") || f.starts_with("/memfd:") || f.starts_with("/SYSV"))
+        }) {
+            continue;
+        }
+        for word in line.split_whitespace() {
+            if let Some(rest) = word.strip_prefix('N')
+                && let Some((n, pages)) = rest.split_once('=')
+                && let (Ok(n), Ok(pages)) = (n.parse::<usize>(), pages.parse::<u64>())
+            {
+                *per.entry(n).or_default() += pages;
+            }
+        }
+    }
+    per
+}
+
+#[cfg(test)]
+mod numa_maps_tests {
+    #[test]
+    fn own_pages_leave_out_files_but_keep_shared_memory() {
+        // Rank 1 of the Grace guest, bound to node 1: its binary and libc
+        // were read into the page cache by rank 0, on node 0.
+        let maps = "\
+aaaab0000000 default file=/usr/bin/threadwise-workload mapped=120 mapmax=6 N0=120 kernelpagesize_kB=4
+aaaab0200000 default file=/usr/bin/threadwise-workload anon=3 dirty=3 mapmax=2 N1=3 kernelpagesize_kB=4
+aaaac0000000 default heap anon=900 dirty=900 N1=900 kernelpagesize_kB=4
+ffff80000000 default anon=2000 dirty=2000 N1=1990 N0=10 kernelpagesize_kB=4
+ffff90000000 default file=/lib/libc.so.6 mapped=300 mapmax=8 N0=300 kernelpagesize_kB=4
+ffffa0000000 default file=/dev/shm/torch_123_456 dirty=64 N1=64 kernelpagesize_kB=4
+ffffa1000000 default file=/memfd:torch_shm\\040(deleted) dirty=16 N1=16 kernelpagesize_kB=4
+ffffd0000000 default stack anon=40 dirty=40 N1=40 kernelpagesize_kB=4
+";
+        let per = super::own_pages_per_node(maps);
+        assert_eq!(per, [(0, 10), (1, 900 + 1990 + 64 + 16 + 40)].into());
+    }
 }
