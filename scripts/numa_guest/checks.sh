@@ -14,7 +14,7 @@ mib=$((nodes > 2 ? 128 : 256))
 python3 - "$nodes" <<'PY' || exit 1
 import json, subprocess, sys, glob
 sys.path.insert(0, "scripts/numa_guest")
-from cpulist import expand
+from guestlib import expand
 t = json.load(open("/tmp/topo.json"))
 count = lambda kind: len(subprocess.run(["lstopo-no-graphics", "--only", kind], capture_output=True, text=True).stdout.splitlines())
 ours = {"numa": len(t["numa_nodes"]), "package": len(t["packages"]), "core": len(t["cores"]),
@@ -35,7 +35,7 @@ for mem in bind preferred local; do
   python3 - "$mem" "$out" "$nodes" "$mib" <<'PY' || exit 1
 import re, sys
 sys.path.insert(0, "scripts/numa_guest")
-from cpulist import expand
+from guestlib import expand
 mem, out, n, mib = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 ranks = re.findall(r"numa rank (\d+) nodes (\S+) policy (\S+) pages \d+ (.*?) cpus (\S+)", out)
 if len(ranks) != n:
@@ -90,7 +90,24 @@ print("ok   mpirun ... threadwise bind --mem bind: " + "; ".join(f"node {n} {p} 
 PY
 fi
 
-# 5. doctor's NUMA findings on a machine that has NUMA.
+# 5. top on the running workload: its threads and workers where the plan put them.
+work=$(dirname "$tw")/threadwise-workload
+"$tw" plan -n "$nodes" --json >/tmp/plan.json
+"$tw" run -n "$nodes" -q --no-doctor -- "$work" --seconds 8 --warmup 1 >/tmp/work.out 2>&1 &
+sleep 6
+"$tw" top --once --json >/tmp/top.json || true
+wait $! || fail "run -n $nodes -- threadwise-workload: $(cat /tmp/work.out)"
+python3 - <<'PY' || exit 1
+import json, sys
+sys.path.insert(0, "scripts/numa_guest")
+from guestlib import top_placement
+try:
+    print("ok   top --once on the workload: " + top_placement(json.load(open("/tmp/top.json")), json.load(open("/tmp/plan.json"))))
+except ValueError as e:
+    sys.exit(f"FAIL {e}")
+PY
+
+# 6. doctor's NUMA findings on a machine that has NUMA.
 "$tw" doctor --json --no-python >/tmp/doctor.json || true
 python3 - <<'PY' || exit 1
 import json, sys

@@ -6,7 +6,7 @@ import json
 import re
 import sys
 
-from cpulist import expand
+from guestlib import expand, top_placement
 
 console = open(sys.argv[1], errors="replace").read()
 lines = [l for l in console.splitlines() if l.startswith("@@")]
@@ -105,7 +105,14 @@ print(f"ok   run -n 1 --policy none --mem interleave: {' '.join(f'N{k}={v}%' for
 code("workload")
 print("ok   run -n 2 -- threadwise-workload: " + next(l for l in said("workload") if "rank(s) in" in l).split("threadwise: ")[-1])
 
-# 7. doctor names the memory-only nodes.
+# 7. top on the running workload: every thread and worker where the plan put it.
+code("top")
+try:
+    print("ok   top --once on run -n 2 -- threadwise-workload: " + top_placement(json.loads(said("top")[0]), plan))
+except ValueError as e:
+    fail(str(e))
+
+# 8. doctor names the memory-only nodes.
 code("doctor")
 doctor = json.loads(said("doctor")[0])
 numa = next((f for f in doctor["findings"] if f["id"] == "memory.numa"), None)
