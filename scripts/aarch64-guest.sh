@@ -14,7 +14,7 @@
 #
 #   scripts/aarch64-guest.sh [WHEEL]   (default: dist/*aarch64.whl, built by
 #                                       scripts/wheel.sh --target when missing)
-# Installs what it needs when missing (qemu-system-arm, gcc-aarch64-linux-gnu).
+# Installs what it needs when missing (qemu-system-arm, gcc-aarch64-linux-gnu, cpio).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "aarch64-guest: error: $*" >&2; exit 2; }
@@ -22,6 +22,7 @@ die() { echo "aarch64-guest: error: $*" >&2; exit 2; }
 need=()
 command -v qemu-system-aarch64 >/dev/null || need+=(qemu-system-arm)
 command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu)
+command -v cpio >/dev/null || need+=(cpio)
 if ((${#need[@]})); then
   echo "aarch64-guest: installing ${need[*]}" >&2
   apt-get update -qq >&2
@@ -88,6 +89,6 @@ t0=$(date +%s.%N)
 # Through a pipe (a console rewinds a file it writes to); the guest's own
 # exit code comes back as its @@exit line.
 timeout 900 "${qemu[@]}" </dev/null 2>&1 | tr -d '\r' | tee "$dir/console" | grep -av '^@@' || true
-secs=$(echo "$(date +%s.%N) - $t0" | bc | cut -c1-5)
+secs=$(awk "BEGIN {printf \"%.1f\", $(date +%s.%N) - $t0}")
 echo "aarch64-guest: $(basename "$kernel"), qemu-system-aarch64 (TCG, -cpu max), 4 CPUs on 2 of 4 NUMA nodes: $secs s, boot included" >&2
 python3 scripts/numa_guest/grace_check.py "$dir/console"

@@ -62,5 +62,5 @@ for s in $shapes; do
   # Through a pipe: the guest's console rewinds a file it is written to
   # (a CI log lost the first guest's lines); pipefail keeps the guest's code.
   vng --run "$kernel" $kvm "${opts[@]}" --exec "TW=$(printf '%q' "$TW") $(printf '%q ' "${cmd[@]}")" 2>&1 | cat
-  echo "numa-guest: $s: $(echo "$(date +%s.%N) - $t0" | bc | cut -c1-5) s, boot included ($(basename "$kernel"), $([ -n "$kvm" ] && echo TCG || echo KVM))" >&2
+  echo "numa-guest: $s: $(awk "BEGIN {printf \"%.1f\", $(date +%s.%N) - $t0}") s, boot included ($(basename "$kernel"), $([ -n "$kvm" ] && echo TCG || echo KVM))" >&2
 done

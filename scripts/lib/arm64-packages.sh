@@ -10,13 +10,14 @@ arm64_packages() {
   local O=(-o "Dir::State::Lists=$a/lists" -o "Dir::Cache=$a/cache" -o Dir::State::Status=/dev/null
     -o APT::Architecture=arm64 -o APT::Architectures=arm64 -o APT::Sandbox::User=root)
   apt-get "${O[@]}" update -qq >&2
-  local want=() p
-  for p in "$@"; do
+  local want=() name p
+  for name in "$@"; do
+    p=$name
     # A metapackage (linux-image-arm64) stands for the package it depends on.
     case $p in
       linux-image-arm64) p=$(apt-cache "${O[@]}" depends "$p" | awk '/Depends: linux-image-/ {print $2; exit}') ;;
     esac
-    [ -n "$p" ] || { echo "arm64_packages: no $1 in Debian's package lists" >&2; return 2; }
+    [ -n "$p" ] || { echo "arm64_packages: no $name in Debian's package lists" >&2; return 2; }
     want+=("$p")
   done
   (cd "$dir" && apt-get "${O[@]}" download -qq "${want[@]}" >&2)
