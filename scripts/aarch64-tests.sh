@@ -34,16 +34,14 @@ if [ ! -e "$misc/qemu-aarch64" ]; then
   cat "$conf" >"$misc/register"
   registered=1
 fi
-cleanup() { [ -z "$registered" ] || echo -1 >"$misc/qemu-aarch64"; }
-trap cleanup EXIT
+log=$(mktemp)
+trap '[ -z "$registered" ] || echo -1 >"$misc/qemu-aarch64"; rm -f "$log"' EXIT
 
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export QEMU_LD_PREFIX=/usr/aarch64-linux-gnu
 t0=$(date +%s)
 cargo build --tests --target "$target" 2>&1 | tail -1 >&2
 t1=$(date +%s)
-log=$(mktemp)
-trap 'cleanup; rm -f "$log"' EXIT
 # run WHAT CARGO-TEST-ARGS...: its summary lines; on failure, what failed.
 run() {
   local what=$1

@@ -40,6 +40,10 @@ if [ -z "${TW:-}" ]; then
   [ -n "${TW:-}" ] || { cargo build --release >&2; TW=target/release/threadwise; }
 fi
 kernel=$(ls /boot/vmlinuz-* | sort -V | tail -1)
+# The checks' rank that touches a buffer (the guest shares this root).
+mkdir -p target/numa-guest
+TOUCH=target/numa-guest/touch-numa
+gcc -O2 -o "$TOUCH" scripts/numa_guest/touch.c
 
 boot() { # shape -> vng's options for it, in the array opts
   case $1 in
@@ -61,6 +65,6 @@ for s in $shapes; do
   boot "$s"
   # Through a pipe: the guest's console rewinds a file it is written to
   # (a CI log lost the first guest's lines); pipefail keeps the guest's code.
-  vng --run "$kernel" $kvm "${opts[@]}" --exec "TW=$(printf '%q' "$TW") $(printf '%q ' "${cmd[@]}")" 2>&1 | cat
+  vng --run "$kernel" $kvm "${opts[@]}" --exec "TW=$(printf '%q' "$TW") TOUCH=$(printf '%q' "$TOUCH") $(printf '%q ' "${cmd[@]}")" 2>&1 | cat
   echo "numa-guest: $s: $(awk "BEGIN {printf \"%.1f\", $(date +%s.%N) - $t0}") s, boot included ($(basename "$kernel"), $([ -n "$kvm" ] && echo TCG || echo KVM))" >&2
 done

@@ -3,7 +3,9 @@
 # reading of it. Prints one line per check; exits 1 at the first failure.
 set -euo pipefail
 tw=${TW:-target/release/threadwise}
-touch=scripts/numa_guest/touch.py
+# The rank that touches a buffer and says where its pages are
+# (scripts/numa_guest/touch.c, built by numa-guest.sh).
+touch=${TOUCH:?TOUCH: the touch program, built by scripts/numa-guest.sh}
 fail() { echo "FAIL $*"; exit 1; }
 nodes=$(ls -d /sys/devices/system/node/node[0-9]* | wc -l)
 # One rank per NUMA node; a buffer that fits a node of this guest.
@@ -29,64 +31,52 @@ if bad or dist != kernel:
 print(f"ok   topo = lstopo: {ours['numa']} NUMA nodes, {ours['package']} packages, {ours['core']} cores, {theirs['pu']} PUs; distances = the kernel's {kernel}")
 PY
 
-# 2. Each rank's pages on its own node (bind, preferred, local), its CPUs the plan's.
+# 2. Each rank's pages on its own node (bind, preferred, local), its worker on its CPUs.
 for mem in bind preferred local; do
-  out=$("$tw" run -n "$nodes" --mem "$mem" -q --no-doctor -- python3 "$touch" "$mib" --worker 2>&1)
+  out=$("$tw" run -n "$nodes" --mem "$mem" -q --no-doctor -- "$touch" "$mib" --worker 2>&1)
   python3 - "$mem" "$out" "$nodes" "$mib" <<'PY' || exit 1
-import re, sys
+import sys
 sys.path.insert(0, "scripts/numa_guest")
-from guestlib import expand
+from guestlib import placed_ranks
 mem, out, n, mib = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-ranks = re.findall(r"numa rank (\d+) nodes (\S+) policy (\S+) pages \d+ (.*?) cpus (\S+)", out)
-if len(ranks) != n:
-    sys.exit(f"FAIL {mem}: {out}")
-for r, node, policy, shares, cpus in ranks:
-    # Its own nodes: a rank may span several (a package of two NUMA nodes).
-    got = dict(re.findall(r"N(\d+)=([0-9.]+)%", shares))
-    own = sum(float(got.get(n, 0)) for n in node.split(","))
-    if own < 95:
-        sys.exit(f"FAIL {mem}: rank {r} has {own}% of its {mib} MiB on its node {node}: {shares}")
-    # The policy the kernel holds is the one asked for (an interleave over
-    # one node would place pages the same).
-    want = {"bind": f"bind:{node}", "preferred": f"prefer:{node}", "local": "local"}[mem]
-    if "," not in node and policy != want:  # (a rank over several nodes: numa_maps writes ranges)
-        sys.exit(f"FAIL {mem}: rank {r} runs under policy {policy}, not {want}")
-workers = re.findall(r"numa worker of rank (\d+) cpus (\S+) planned (\S+)", out)
-bad = [w for w in workers if expand(w[1]) != expand(w[2])]
-if len(workers) != n or bad:
-    sys.exit(f"FAIL {mem}: workers {workers}")
+try:
+    ranks = placed_ranks(out, mem, n, workers=True)
+except ValueError as e:
+    sys.exit(f"FAIL {e}")
 print(f"ok   run -n {n} --mem {mem} ({mib} MiB each): " + "; ".join(f"rank {r} node {n} {p} {s} cpus {c}" for r, n, p, s, c in ranks)
       + "; workers on their planned CPUs")
 PY
 done
 
 # 3. One rank over every node, interleaved: 40-60% on each (2 nodes), or an even share.
-out=$("$tw" run -n 1 --policy none --mem interleave -q --no-doctor -- python3 "$touch" 256 2>&1)
+out=$("$tw" run -n 1 --policy none --mem interleave -q --no-doctor -- "$touch" 256 2>&1)
 python3 - "$nodes" "$out" <<'PY' || exit 1
-import re, sys
+import sys
+sys.path.insert(0, "scripts/numa_guest")
+from guestlib import shares
 n, out = int(sys.argv[1]), sys.argv[2]
-shares = {int(k): float(v) for k, v in re.findall(r"N(\d+)=([0-9.]+)%", out)}
+got = shares(out)
 even = 100.0 / n
-if len(shares) != n or any(abs(v - even) > 10 for v in shares.values()):
+if len(got) != n or any(abs(v - even) > 10 for v in got.values()):
     sys.exit(f"FAIL interleave: {out}")
-print(f"ok   run -n 1 --mem interleave: " + " ".join(f"N{k}={v}%" for k, v in sorted(shares.items())))
+print(f"ok   run -n 1 --mem interleave: " + " ".join(f"N{k}={v}%" for k, v in sorted(got.items())))
 PY
 
-# 4. bind under mpirun: the same pages on the same nodes.
+# 4. bind under mpirun: the same pages on the same nodes, one rank per node.
 if command -v mpirun >/dev/null; then
-  out=$(mpirun --allow-run-as-root --oversubscribe -np "$nodes" --bind-to none "$tw" bind --mem bind -- python3 "$touch" 64 2>&1)
+  out=$(mpirun --allow-run-as-root --oversubscribe -np "$nodes" --bind-to none "$tw" bind --mem bind -- "$touch" 64 2>&1)
   python3 - "$out" "$nodes" <<'PY' || exit 1
-import re, sys
+import sys
+sys.path.insert(0, "scripts/numa_guest")
+from guestlib import placed_ranks
 out, n = sys.argv[1], int(sys.argv[2])
-ranks = re.findall(r"numa rank (\S+) nodes (\S+) policy (\S+) pages \d+ (.*?) cpus", out)
-if len(ranks) != n or len({x for _, x, _, _ in ranks}) != n:
-    sys.exit(f"FAIL mpirun bind: {out}")
-for r, node, policy, shares in ranks:
-    got = dict(re.findall(r"N(\d+)=([0-9.]+)%", shares))
-    own = sum(float(got.get(n, 0)) for n in node.split(","))
-    if own < 95:
-        sys.exit(f"FAIL mpirun bind: rank {r}: {own}% on node {node}")
-print("ok   mpirun ... threadwise bind --mem bind: " + "; ".join(f"node {n} {p} {s}" for _, n, p, s in sorted(ranks)))
+try:
+    ranks = placed_ranks(out, "bind", n, workers=False)
+except ValueError as e:
+    sys.exit(f"FAIL mpirun {e}")
+if len({node for _, node, _, _, _ in ranks}) != n:
+    sys.exit(f"FAIL mpirun bind: two ranks on one node: {out}")
+print("ok   mpirun ... threadwise bind --mem bind: " + "; ".join(f"node {n} {p} {s}" for _, n, p, s, _ in sorted(ranks)))
 PY
 fi
 

@@ -30,17 +30,16 @@ done
 "$tw" run -n 1 --policy none --mem interleave -q --no-doctor -- /usr/bin/touch-numa 256 >/tmp/out 2>&1
 echo "@@code interleave $?"
 say interleave </tmp/out
-# The built-in workload: OpenMP threads and loader workers, born by clone3.
-"$tw" run -n 2 --no-doctor -- /usr/bin/threadwise-workload --seconds 1 --warmup 1 >/tmp/out 2>&1
-echo "@@code workload $?"
-say workload </tmp/out
-# Its threads and workers watched live: where they ran against the plan.
-"$tw" run -n 2 --no-doctor -q -- /usr/bin/threadwise-workload --seconds 8 --warmup 1 >/tmp/out 2>&1 &
+# The built-in workload (OpenMP threads and loader workers, born by clone3),
+# its threads and workers watched live by top.
+"$tw" run -n 2 --no-doctor -- /usr/bin/threadwise-workload --seconds 8 --warmup 1 >/tmp/out 2>&1 &
 sleep 6
 "$tw" top --once --json >/tmp/top 2>&1
 echo "@@code top $?"
 echo "@@top $(tr -d '\n' </tmp/top)"
-wait
+wait $!
+echo "@@code workload $?"
+say workload </tmp/out
 "$tw" doctor --json --no-python >/tmp/out 2>&1
 echo "@@code doctor $?"
 echo "@@doctor $(tr -d '\n' </tmp/out)"

@@ -6,7 +6,7 @@ import json
 import re
 import sys
 
-from guestlib import expand, top_placement
+from guestlib import expand, placed_ranks, shares, top_placement
 
 console = open(sys.argv[1], errors="replace").read()
 lines = [l for l in console.splitlines() if l.startswith("@@")]
@@ -74,45 +74,38 @@ def code(tag):
 for mem in ["bind", "preferred", "local"]:
     tag = f"run-{mem}"
     code(tag)
-    out = "\n".join(said(tag))
-    ranks = re.findall(r"numa rank (\d+) nodes (\S+) policy (\S+) pages (\d+) (.*?) cpus (\S+)", out)
-    workers = re.findall(r"numa worker of rank (\d+) cpus (\S+) planned (\S+)", out)
-    if len(ranks) != 2 or len(workers) != 2:
-        fail(f"{tag}: {out}")
-    for r, node, policy, pages, shares, cpus in ranks:
-        got = {int(k): float(v) for k, v in re.findall(r"N(\d+)=([0-9.]+)%", shares)}
-        # The policy the kernel holds is the one asked for (an interleave
-        # over one node would place pages the same).
-        want = {"bind": f"bind:{r}", "preferred": f"prefer:{r}", "local": "local"}[mem]
-        if node != r or policy != want or got.get(int(r), 0) < 95 or not expand(cpus) <= kernel[int(r)][0]:
-            fail(f"{tag}: rank {r} on node {node}, policy {policy} (want {want}): {shares}, cpus {cpus}")
-    if any(expand(c) != expand(p) for _, c, p in workers):
-        fail(f"{tag}: workers {workers}")
+    try:
+        ranks = placed_ranks("\n".join(said(tag)), mem, 2, workers=True)
+    except ValueError as e:
+        fail(str(e))
+    # One rank per CPU node, in order, on that node's CPUs.
+    for r, node, _, text, cpus in ranks:
+        if node != r or not expand(cpus) <= kernel[int(r)][0]:
+            fail(f"{tag}: rank {r} on node {node} ({text}), cpus {cpus}")
     print(f"ok   run -n 2 --mem {mem} (256 MiB each): "
-          + "; ".join(f"rank {r} {p} {s} cpus {c}" for r, _, p, _, s, c in sorted(ranks)) + "; workers on their planned CPUs")
+          + "; ".join(f"rank {r} {p} {s} cpus {c}" for r, _, p, s, c in sorted(ranks)) + "; workers on their planned CPUs")
 
 # 5. One rank over both CPU nodes, interleaved: 40-60% on each, none in GPU memory.
 code("interleave")
 out = "\n".join(said("interleave"))
-shares = {int(k): float(v) for k, v in re.findall(r"N(\d+)=([0-9.]+)%", out)}
+got = shares(out)
 cpu_nodes = sorted(set(kernel) - set(memory_only))
-if sorted(shares) != cpu_nodes or any(not 40 <= v <= 60 for v in shares.values()):
+if sorted(got) != cpu_nodes or any(not 40 <= v <= 60 for v in got.values()):
     fail(f"interleave: {out}")
-print(f"ok   run -n 1 --policy none --mem interleave: {' '.join(f'N{k}={v}%' for k, v in sorted(shares.items()))} "
+print(f"ok   run -n 1 --policy none --mem interleave: {' '.join(f'N{k}={v}%' for k, v in sorted(got.items()))} "
       f"(the CPU nodes; none in memory-only {memory_only})")
 
-# 6. The built-in workload (OpenMP threads, loader workers, a socket between ranks).
+# 6. The built-in workload (OpenMP threads, loader workers, a socket between
+# ranks), and top on it while it ran: every thread and worker where the plan put it.
 code("workload")
 print("ok   run -n 2 -- threadwise-workload: " + next(l for l in said("workload") if "rank(s) in" in l).split("threadwise: ")[-1])
-
-# 7. top on the running workload: every thread and worker where the plan put it.
 code("top")
 try:
     print("ok   top --once on run -n 2 -- threadwise-workload: " + top_placement(json.loads(said("top")[0]), plan))
 except ValueError as e:
     fail(str(e))
 
-# 8. doctor names the memory-only nodes.
+# 7. doctor names the memory-only nodes.
 code("doctor")
 doctor = json.loads(said("doctor")[0])
 numa = next((f for f in doctor["findings"] if f["id"] == "memory.numa"), None)

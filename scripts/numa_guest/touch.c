@@ -1,9 +1,11 @@
-/* touch.py for a guest without Python (the aarch64 one): a rank that
- * touches a buffer of MiB (argv[1], default 256) and prints where the
- * kernel put its pages: the buffer's line of /proc/self/numa_maps (the
- * anonymous mapping with the most pages), as the share on each node, in
- * touch.py's words. Built static, so it needs nothing in the guest:
- *   aarch64-linux-gnu-gcc -O2 -static -o touch scripts/numa_guest/touch.c */
+/* The NUMA guests' rank: touches a buffer of MiB (argv[1], default 256)
+ * and prints where the kernel put its pages: the buffer's line of
+ * /proc/self/numa_maps (the anonymous mapping with the most pages), as the
+ * share on each node, with its policy and CPUs; with --worker, a forked
+ * worker says which CPUs it was moved onto. In C, so it runs in the aarch64
+ * guest too (no Python there), built static:
+ *   gcc -O2 -o touch scripts/numa_guest/touch.c                 (numa-guest.sh)
+ *   aarch64-linux-gnu-gcc -O2 -static -o touch ...              (aarch64-guest.sh) */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <stdio.h>
