@@ -17,6 +17,7 @@
 mod cpuset;
 mod files;
 mod names;
+mod netif;
 mod nvml;
 mod os;
 
@@ -28,9 +29,15 @@ mod plan;
 // -> export
 mod export;
 mod picture;
-// -> launch (run, bind): the OS edge of starting ranks, and reading them
+// -> the process edge (births, containment, signals, moving workers: every
+// `unsafe` of launching), one node's supervision, the rendezvous above it,
+// the one entry point of a job (one node or many), ranks other launchers start
+mod adopt;
+mod job;
 mod launch;
 mod measure;
+mod proc;
+mod rdzv;
 // -> tune, doctor, top
 mod doctor;
 mod top;

@@ -10,15 +10,16 @@ use super::args::{BindCmd, RunCmd};
 use super::pet::{self, FromEnv};
 use super::settings::{load_for, request};
 use super::{Exit, Failure, settings};
-use crate::launch::cluster::AgentConfig;
-use crate::launch::cluster::auth::{self, Auth};
+use crate::adopt::bind;
+use crate::job;
+use crate::job::settings::{ClusterSettings, JobError, RunSettings};
 use crate::launch::env::current;
-use crate::launch::job;
 use crate::launch::prepare::{self, PrepareError};
-use crate::launch::settings::{ClusterSettings, JobError, RunSettings};
-use crate::launch::{LaunchError, bind, resolve};
+use crate::launch::{LaunchError, resolve};
 use crate::measure::throughput::Metric;
 use crate::plan::{self, Plan, PlanRequest};
+use crate::rdzv::AgentConfig;
+use crate::rdzv::auth::{self, Auth};
 use crate::top::watch::TopWatcher;
 use crate::topology::Topology;
 
@@ -201,7 +202,7 @@ fn agent_config(a: &RunCmd, nproc: usize, auth: Auth) -> AgentConfig {
             false => a
                 .node_rank
                 .map(|r| r as usize)
-                .or_else(|| crate::launch::detect::slurm_node_rank(&current, a.plan.nnodes.max)),
+                .or_else(|| crate::adopt::detect::slurm_node_rank(&current, a.plan.nnodes.max)),
         },
         run_id: a
             .rdzv_id
@@ -227,7 +228,7 @@ fn run_settings(
     plan: Plan,
     topology: Topology,
     auth: Auth,
-    torchrun: crate::launch::settings::TorchrunOutput,
+    torchrun: crate::job::settings::TorchrunOutput,
 ) -> Result<RunSettings, Failure> {
     let report =
         match a.report_node {
@@ -343,7 +344,7 @@ pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> 
     if doctor {
         crate::doctor::say_preflight(&s.topology, s.plan.nproc);
     }
-    crate::launch::signals::stop_on(&stop_on_usr);
+    crate::proc::signals::stop_on(&stop_on_usr);
     Ok(Exit(job::run(&s)?))
 }
 
@@ -364,9 +365,10 @@ pub(super) fn bind_cmd(a: BindCmd) -> Result<Exit, Failure> {
         _ => None,
     };
     let t = load_for(&a.source, a.dry_run || a.json)?;
-    let (p, l, launcher) = prepare::bind_launch(t, request(&a.plan), &a.command, &current, given)?;
+    let (p, l, launcher) =
+        crate::adopt::slice::bind_launch(t, request(&a.plan), &a.command, &current, given)?;
     if a.json {
-        let doc = prepare::bind_json(&p, &l, &launcher).map_err(|e| {
+        let doc = crate::adopt::slice::bind_json(&p, &l, &launcher).map_err(|e| {
             Failure::env(
                 format!("cannot serialise the slice: {e}"),
                 "report this as a bug",

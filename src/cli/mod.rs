@@ -226,8 +226,8 @@ pub(crate) fn main() -> i32 {
     let env = |k: &str| std::env::var(k).ok();
     let raw: Vec<OsString> = std::env::args_os().collect();
     // The watchdog `run` starts: at once, without building the command line.
-    if raw.len() == 3 && raw[1] == crate::launch::contain::WATCHDOG {
-        return crate::launch::contain::watchdog(std::path::Path::new(&raw[2]));
+    if raw.len() == 3 && raw[1] == crate::proc::contain::WATCHDOG {
+        return crate::proc::contain::watchdog(std::path::Path::new(&raw[2]));
     }
     let at = command_at(&raw);
     let (argv, from_env) = match pet::run_args(raw, at, &env) {
@@ -261,7 +261,7 @@ pub(crate) fn main() -> i32 {
         Command::Top(a) => top::top_cmd(a),
         Command::Man { sub, dir } => man(sub.as_deref(), dir.as_deref()),
         c @ Command::Completions { .. } => generated(&c),
-        Command::Watchdog { dir } => Ok(Exit(crate::launch::contain::watchdog(&dir))),
+        Command::Watchdog { dir } => Ok(Exit(crate::proc::contain::watchdog(&dir))),
     };
     match result {
         Ok(Exit(code)) => code,

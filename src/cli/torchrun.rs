@@ -10,7 +10,7 @@ use clap::Args;
 
 use super::Failure;
 use super::args::RunCmd;
-use crate::launch::settings::TorchrunOutput;
+use crate::job::settings::TorchrunOutput;
 use crate::plan::Policy;
 
 #[derive(Args, Debug, Default, Clone)]

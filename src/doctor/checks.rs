@@ -366,22 +366,20 @@ fn ifname_route(sys: &dyn Sys, req: &Request, out: &mut Vec<Finding>) {
         .or_else(|| sys.env("MASTER_ADDR"));
     let Some(host) = host else { return };
     let Some(via) = sys.route(&host) else { return };
-    for var in crate::launch::cluster::netif::IFNAME_VARS {
+    for var in crate::netif::IFNAME_VARS {
         let Some(v) = sys.env(var) else { continue };
         let id = format!("network.{}", var.to_lowercase());
-        out.push(
-            match crate::launch::cluster::netif::decide(var, &via, Some(&v)) {
-                Err(why) => Finding::new(&id, Area::Network, Severity::Warn, why)
-                    .evidence(format!("{host} is routed through {via}; {var}={v}"))
-                    .fix(format!("export {var}={via}")),
-                Ok(_) => Finding::new(
-                    &id,
-                    Area::Network,
-                    Severity::Ok,
-                    format!("{var}={v} reaches the rendezvous host {host}"),
-                ),
-            },
-        );
+        out.push(match crate::netif::decide(var, &via, Some(&v)) {
+            Err(why) => Finding::new(&id, Area::Network, Severity::Warn, why)
+                .evidence(format!("{host} is routed through {via}; {var}={v}"))
+                .fix(format!("export {var}={via}")),
+            Ok(_) => Finding::new(
+                &id,
+                Area::Network,
+                Severity::Ok,
+                format!("{var}={v} reaches the rendezvous host {host}"),
+            ),
+        });
     }
 }
 

@@ -141,7 +141,7 @@ impl Sys for RealSys {
         crate::host::find_allocators()
     }
     fn route(&self, host: &str) -> Option<String> {
-        crate::launch::cluster::netif::route_to(host).map(|(name, _)| name)
+        crate::netif::route_to(host).map(|(name, _)| name)
     }
 }
 

@@ -8,8 +8,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::signals::{Action, action};
 use crate::os;
+use crate::proc::signals::{Action, action};
 
 /// How a rank ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

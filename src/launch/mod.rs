@@ -3,23 +3,12 @@
 //! work (fork/exec, signals, pipes, wait4) lives here; what each rank gets is
 //! decided by the planner and turned into a `RankLaunch` before anything starts.
 
-pub(crate) mod bind;
-mod born;
-pub(crate) mod cluster;
-pub(crate) mod contain;
-pub(crate) mod detect;
 pub(crate) mod env;
-pub(crate) mod job;
 pub(crate) mod machine;
-pub(crate) mod node;
 pub(crate) mod output;
 pub(crate) mod prepare;
 pub(crate) mod report;
-pub(crate) mod settings;
-pub(crate) mod signals;
 pub(crate) mod supervise;
-mod vm;
-pub(crate) mod workers;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -131,24 +120,7 @@ impl LaunchError {
     }
 }
 
-/// One rank, ready to start (compared whole: tune measures two
-/// configurations that launch alike once).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RankLaunch {
-    pub local_rank: usize,
-    pub argv: Vec<OsString>,
-    /// argv[0] resolved through PATH, when it was.
-    pub program: Option<PathBuf>,
-    /// Variables set or replaced for this rank; the rest is inherited.
-    pub env: BTreeMap<String, String>,
-    /// Variables removed from the inherited environment.
-    pub env_remove: Vec<String>,
-    pub placement: Placement,
-    pub cpus: String,
-    pub mem: String,
-    /// Where `run` moves the rank's DataLoader workers (when not its own CPUs).
-    pub worker_mask: Option<Vec<u64>>,
-}
+pub(crate) use crate::proc::RankLaunch;
 
 /// The `set_mempolicy` mode and nodes a rank plan asks for (None: leave it).
 /// Preferred takes the first node, as the kernel's MPOL_PREFERRED does one.

@@ -12,13 +12,13 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::contain::JobCgroup;
 use super::machine::{Act, Event, Machine};
 use super::output::{self, OutputOptions, OutputState, Stream, Tail};
-use super::signals::SignalPipe;
 use super::{LaunchError, RankLaunch};
 use crate::measure::process;
 use crate::os;
+use crate::proc::contain::JobCgroup;
+use crate::proc::signals::SignalPipe;
 
 #[derive(Debug, Clone)]
 pub(crate) struct RunOptions {
@@ -116,7 +116,7 @@ struct Running {
     result: Option<RankResult>,
     /// The highest VmHWM seen after exec: the rank's own peak RSS.
     hwm_kib: Option<i64>,
-    mover: Option<super::workers::Mover>,
+    mover: Option<crate::proc::workers::Mover>,
 }
 
 /// How often the ranks' peak RSS is read from /proc, and their new
@@ -139,7 +139,7 @@ struct RankChild {
 
 /// A rank on its way: born (its exec not yet seen), or started already.
 enum Starting {
-    Born(super::born::Pending),
+    Born(crate::proc::born::Pending),
     Started(RankChild),
 }
 
@@ -204,15 +204,15 @@ fn spawn_rank(
     // Born into the cgroup when there is one that still takes births; with
     // none, born all the same (no copy of us is made).
     let into = cgroup.map(JobCgroup::birth_fd);
-    if has_path && super::born::allowed() && into != Some(None) {
-        match super::born::start(r, parent, into.flatten(), handled) {
+    if has_path && crate::proc::born::allowed() && into != Some(None) {
+        match crate::proc::born::start(r, parent, into.flatten(), handled) {
             Ok(p) => return Ok(Starting::Born(p)),
-            Err(super::born::BirthError::Refused(why)) => {
+            Err(crate::proc::born::BirthError::Refused(why)) => {
                 if let Some(cg) = cgroup {
                     cg.no_births(&why);
                 }
             }
-            Err(super::born::BirthError::Failed(e)) => return Err(e),
+            Err(crate::proc::born::BirthError::Failed(e)) => return Err(e),
         }
     }
     let mut c = command_rank(r, parent, cgroup.and_then(JobCgroup::procs_fd))?;
@@ -350,8 +350,8 @@ fn spawn_all(
     cgroup: Option<&JobCgroup>,
 ) -> Result<Vec<(RankChild, Logs)>, LaunchError> {
     let parent = std::process::id() as i32;
-    let handled = match super::born::allowed() {
-        true => super::vm::handled_signals(),
+    let handled = match crate::proc::born::allowed() {
+        true => crate::proc::vm::handled_signals(),
         false => vec![],
     };
     // Every rank cloned first, then each one's exec waited for: the waits
@@ -538,7 +538,7 @@ impl Watch {
                         .worker_mask
                         .clone()
                         .filter(|_| opts.move_workers)
-                        .map(super::workers::Mover::new),
+                        .map(crate::proc::workers::Mover::new),
                 })
                 .collect(),
             machine: Machine::new(ranks.len(), opts.grace, opts.timeout.map(|t| start + t)),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::find::{self, RunState, STATE_SCHEMA};
 use super::{Sampler, Target, ui};
-use crate::launch::settings::{RunSettings, Watcher};
+use crate::job::settings::{RunSettings, Watcher};
 use crate::launch::supervise::Spawned;
 use crate::plan::Plan;
 use crate::topology::Topology;

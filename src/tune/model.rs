@@ -110,7 +110,7 @@ impl TrialOutcome {
     }
 }
 
-pub(crate) use crate::launch::cluster::proto::NodeUsage;
+pub(crate) use crate::rdzv::proto::NodeUsage;
 
 /// A node's figures in one trial.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -19,10 +19,10 @@ use std::time::Duration;
 use super::trial::Used;
 use super::{TrialEnd, TrialOutcome, TuneConfig};
 use crate::launch::RankLaunch;
-use crate::launch::cluster;
 use crate::launch::output::OutputOptions;
 use crate::launch::supervise::{self, RunOptions};
 use crate::measure::throughput::Metric;
+use crate::rdzv;
 
 /// How long a trial's nodes may take to join, and be silent.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -130,7 +130,7 @@ impl super::TrialRunner for SrunRunner {
         self.trials += 1;
         // A port free here, so trials (and tunes of other jobs) never collide.
         // The agents srun starts inherit this environment: the same mode.
-        let auth = match cluster::auth::for_job(None, &crate::launch::env::current) {
+        let auth = match rdzv::auth::for_job(None, &crate::launch::env::current) {
             Ok(a) => a,
             Err(e) => return TrialOutcome::not_started(format!("{e} ({})", e.hint())),
         };
@@ -138,7 +138,7 @@ impl super::TrialRunner for SrunRunner {
             let port = l.local_addr()?.port();
             Ok((
                 port,
-                cluster::host(l, self.nnodes, &id, JOIN_TIMEOUT, HEARTBEAT_TIMEOUT, auth)?,
+                rdzv::host(l, self.nnodes, &id, JOIN_TIMEOUT, HEARTBEAT_TIMEOUT, auth)?,
             ))
         });
         let (port, hosted) = match hosted {

@@ -5,7 +5,7 @@
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 
-use super::{LaunchError, RankLaunch, resolve};
+use crate::launch::{LaunchError, RankLaunch, resolve};
 
 /// Apply the rank's placement and exec; returns only on failure.
 pub(crate) fn exec_rank(r: &RankLaunch, allow_unbound: bool) -> LaunchError {
@@ -25,7 +25,7 @@ pub(crate) fn exec_rank(r: &RankLaunch, allow_unbound: bool) -> LaunchError {
         crate::say!(
             "threadwise: warning: rank {}: {}",
             r.local_rank,
-            super::prepare::local_refused(source)
+            crate::launch::prepare::local_refused(source)
         );
         placement.mem = None;
         applied = placement.apply();

@@ -4,22 +4,26 @@
 //! failing rank's report) is said on these paths, alike on both; the
 //! command line maps the result to an exit code.
 
-use super::env::current;
-use super::node::{before_start, supervise_node};
-use super::prepare::{self, ErrorFiles};
-use super::settings::{JobError, RunSettings};
-use super::{node_launches, report, supervise};
+pub(crate) mod node;
+pub(crate) mod rounds;
+pub(crate) mod settings;
+
+use crate::launch::env::current;
+use crate::launch::prepare::{self, ErrorFiles};
+use crate::launch::{node_launches, report, supervise};
+use node::{before_start, supervise_node};
+use settings::{JobError, RunSettings};
 
 /// What each rank would get, and the containment (`--dry-run`), on one node
 /// or as one node of many.
 pub(crate) fn dry_run(s: &RunSettings) -> Result<String, JobError> {
-    super::threads_work()?;
+    crate::launch::threads_work()?;
     if let Some(c) = &s.cluster {
-        return Ok(super::cluster::rounds::dry_run(s, &c.agent));
+        return Ok(rounds::dry_run(s, &c.agent));
     }
     let mut launches = node_launches(&s.plan, &s.command, &s.master_addr, s.master_port, &s.role)?;
     s.torchrun.set_env(&mut launches);
-    let contain = super::contain::JobCgroup::probe();
+    let contain = crate::proc::contain::JobCgroup::probe();
     let shown = prepare::dry_run(&s.plan, &launches, s.move_workers, &current);
     Ok(format!("{shown}containment: {contain}\n"))
 }
@@ -28,8 +32,8 @@ pub(crate) fn dry_run(s: &RunSettings) -> Result<String, JobError> {
 /// rank's own (128+N for a signal), 3 when a log was lost.
 pub(crate) fn run(s: &RunSettings) -> Result<i32, JobError> {
     if let Some(c) = &s.cluster {
-        super::threads_work()?;
-        return super::cluster::rounds::run(s, c);
+        crate::launch::threads_work()?;
+        return rounds::run(s, c);
     }
     let mut launches = node_launches(&s.plan, &s.command, &s.master_addr, s.master_port, &s.role)?;
     s.torchrun.set_env(&mut launches);
@@ -40,7 +44,7 @@ pub(crate) fn run(s: &RunSettings) -> Result<i32, JobError> {
     if !s.quiet {
         crate::say!(
             "threadwise: {}",
-            super::report::placement_line(&launches, 0)
+            crate::launch::report::placement_line(&launches, 0)
         );
     }
     let errors = ErrorFiles::new(s.log_dir.as_deref())?;
@@ -61,7 +65,7 @@ fn finish(s: &RunSettings, outcome: &supervise::Outcome, errors: &ErrorFiles) ->
     if outcome.split_lines {
         crate::say!(
             "threadwise: a line longer than {} MiB was shown in pieces (the log files keep it whole)",
-            super::output::MAX_LINE >> 20
+            crate::launch::output::MAX_LINE >> 20
         );
     }
     if let Some(dir) = errors.logs() {

@@ -19,8 +19,8 @@ use super::proto::{self, Dir, Hello, PROTOCOL, Report, Seal, Start, ToAgent, ToH
 use super::server;
 use super::state::{Action, AgentState, Event};
 use super::{ClusterError, JobEnd};
-use crate::launch::signals::{self, SignalPipe};
 use crate::launch::supervise::{LocalFailure, Peer};
+use crate::proc::signals::{self, SignalPipe};
 
 /// What every node of a job gives alike (but `node_rank` and `nproc`).
 #[derive(Debug, Clone)]

@@ -6,12 +6,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::env::current;
-use super::output::{LineSink, OutputOptions};
-use super::prepare::{self, ErrorFiles};
 use super::settings::RunSettings;
-use super::supervise::{self, Peer, RunOptions};
-use super::{LaunchError, RankLaunch};
+use crate::launch::env::current;
+use crate::launch::output::{LineSink, OutputOptions};
+use crate::launch::prepare::{self, ErrorFiles};
+use crate::launch::supervise::{self, Peer, RunOptions};
+use crate::launch::{LaunchError, RankLaunch};
 
 /// What `run` says before starting: replaced variables, a log directory
 /// that will not hold.

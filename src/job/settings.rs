@@ -6,11 +6,11 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::LaunchError;
-use super::cluster::{AgentConfig, ClusterError};
-use super::prepare::PrepareError;
-use super::supervise::Spawned;
+use crate::launch::LaunchError;
+use crate::launch::prepare::PrepareError;
+use crate::launch::supervise::Spawned;
 use crate::plan::Plan;
+use crate::rdzv::{AgentConfig, ClusterError};
 use crate::topology::Topology;
 
 /// Who watches a node's ranks while they run (`top`'s state file and `run
@@ -68,7 +68,7 @@ pub(crate) struct TorchrunOutput {
 
 impl TorchrunOutput {
     /// Every launch gets the variables torchrun's options set.
-    pub(crate) fn set_env(&self, launches: &mut [super::RankLaunch]) {
+    pub(crate) fn set_env(&self, launches: &mut [crate::launch::RankLaunch]) {
         for l in launches {
             for (k, v) in &self.env {
                 l.env.insert(k.clone(), v.clone());

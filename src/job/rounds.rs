@@ -6,18 +6,19 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use super::proto::{NodeUsage, Report};
-use super::{AgentConfig, RoundEnd, Start, netif};
+use crate::job::node::{before_start, supervise_node};
+use crate::job::settings::{ClusterSettings, JobError, RunSettings};
 use crate::launch::env::{Job, current};
-use crate::launch::node::{before_start, supervise_node};
 use crate::launch::output::LineSink;
 use crate::launch::prepare::{self, ErrorFiles};
 use crate::launch::report;
-use crate::launch::settings::{ClusterSettings, JobError, RunSettings};
 use crate::launch::supervise::{self, Peer};
 use crate::launch::{RankLaunch, plan_launches};
 use crate::measure::throughput::{Hit, Metric};
+use crate::netif;
 use crate::plan::Plan;
+use crate::rdzv::proto::{NodeUsage, Report};
+use crate::rdzv::{AgentConfig, RoundEnd, Start};
 
 fn job_of(s: &Start, nproc: usize, run_id: &str, role: &str) -> Job {
     Job {
@@ -41,7 +42,7 @@ fn launches_of(s: &RunSettings, start: &Start, run_id: &str) -> Vec<RankLaunch> 
     let p = &s.plan;
     let mut ls = plan_launches(p, &s.command, &job_of(start, p.nproc, run_id, &s.role));
     for l in &mut ls {
-        l.env_remove.push(super::auth::SECRET_VAR.to_string());
+        l.env_remove.push(crate::rdzv::auth::SECRET_VAR.to_string());
     }
     s.torchrun.set_env(&mut ls);
     ls
@@ -167,7 +168,7 @@ pub(crate) fn run(s: &RunSettings, c: &ClusterSettings) -> Result<i32, JobError>
         },
         cfg.run_id
     );
-    let end = super::run(cfg, |st, peer| node.round(st, peer));
+    let end = crate::rdzv::run(cfg, |st, peer| node.round(st, peer));
     for f in &node.failures {
         crate::say_text!(f);
     }

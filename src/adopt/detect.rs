@@ -1,7 +1,7 @@
 //! How a rank started by another launcher learns its local rank and the number
 //! of ranks on its node (the table in shared/design/anchors.md).
 
-use super::LaunchError;
+use crate::launch::LaunchError;
 
 /// What the launcher told this process.
 #[derive(Debug, Clone, PartialEq, Eq)]

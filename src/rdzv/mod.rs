@@ -20,9 +20,7 @@ pub(crate) mod coord;
 mod door_tests;
 #[cfg(test)]
 mod fuzz_tests;
-pub(crate) mod netif;
 pub(crate) mod proto;
-pub(crate) mod rounds;
 mod server;
 pub(crate) mod state;
 #[cfg(test)]

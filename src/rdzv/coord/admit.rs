@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::Coordinator;
-use crate::launch::cluster::proto::Hello;
+use crate::rdzv::proto::Hello;
 
 impl Coordinator {
     /// An elastic job: from `min` to the `nnodes` given, with `last_call`.
