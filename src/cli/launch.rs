@@ -170,7 +170,6 @@ fn rendezvous_auth(a: &RunCmd, notes: &mut Vec<String>) -> Result<Auth, Failure>
 
 /// torchrun's --print-completion: threadwise's own completion script.
 fn print_completion(shell: &str) -> Result<Exit, Failure> {
-    use clap::CommandFactory;
     let shell = match shell {
         "bash" => clap_complete::Shell::Bash,
         "zsh" => clap_complete::Shell::Zsh,
@@ -184,7 +183,7 @@ fn print_completion(shell: &str) -> Result<Exit, Failure> {
         }
     };
     let mut out = vec![];
-    clap_complete::generate(shell, &mut super::Cli::command(), "threadwise", &mut out);
+    clap_complete::generate(shell, &mut super::whole_tree(), "threadwise", &mut out);
     super::emit(&String::from_utf8_lossy(&out))
 }
 

@@ -15,8 +15,6 @@ mod values;
 use std::ffi::OsString;
 use std::io::Write;
 
-use clap::Parser;
-
 pub(crate) use args::{Cli, Command, SourceArgs};
 
 /// How a command that did its job ends: 0, or the code to pass on (the first
@@ -83,8 +81,7 @@ pub(crate) fn emit(text: &str) -> Result<Exit, Failure> {
 
 /// `threadwise completions SHELL`, from the clap definitions.
 fn generated(command: &Command) -> Result<Exit, Failure> {
-    use clap::CommandFactory;
-    let mut cmd = Cli::command();
+    let mut cmd = whole_tree();
     let mut out = Vec::new();
     if let Command::Completions { shell } = command {
         clap_complete::generate(*shell, &mut cmd, "threadwise", &mut out);
@@ -96,8 +93,7 @@ fn generated(command: &Command) -> Result<Exit, Failure> {
 /// subcommand (`threadwise-run(1)`, as git's are), named by the file a
 /// packager installs.
 fn man_pages() -> Vec<(String, clap::Command)> {
-    use clap::CommandFactory;
-    let mut top = Cli::command();
+    let mut top = whole_tree();
     top.build();
     let mut pages = vec![("threadwise".to_string(), top.clone())];
     for s in top.get_subcommands().filter(|s| !s.is_hide_set()) {
@@ -170,7 +166,7 @@ fn command_at(argv: &[OsString]) -> Option<usize> {
     {
         return None;
     }
-    match Cli::try_parse_from(argv).ok()?.command {
+    match parse_whole(argv).ok()?.command {
         Command::Run(a) => Some(argv.len() - a.command.len().min(argv.len())),
         _ => None,
     }
@@ -181,7 +177,7 @@ fn command_at(argv: &[OsString]) -> Option<usize> {
 pub(super) fn parse(argv: &[OsString]) -> Result<Cli, clap::Error> {
     let mut c = match argv.get(1).is_some_and(|a| a == "run") {
         true => parse_run(argv)?,
-        false => Cli::try_parse_from(argv)?,
+        false => parse_whole(argv)?,
     };
     if let Command::Run(a) = &mut c.command {
         let k = argv.len() - a.command.len().min(argv.len());
@@ -190,10 +186,17 @@ pub(super) fn parse(argv: &[OsString]) -> Result<Cli, clap::Error> {
     Ok(c)
 }
 
+/// The whole command line, `run` with its torchrun options' `PET_`
+/// variables (`pet::with_env`).
+pub(super) fn whole_tree() -> clap::Command {
+    use clap::CommandFactory;
+    Cli::command().mut_subcommand("run", pet::with_env)
+}
+
 /// The command line with only `run`'s options built: a launch does not pay
 /// for every other subcommand's (half of clap's time). The same `run` as in
 /// the whole tree (a test compares their help and errors).
-fn run_tree() -> clap::Command {
+pub(super) fn run_tree() -> clap::Command {
     use clap::Args;
     clap::Command::new("threadwise")
         .version(env!("CARGO_PKG_VERSION"))
@@ -201,7 +204,7 @@ fn run_tree() -> clap::Command {
         .subcommand_required(true)
         .arg_required_else_help(true)
         .subcommand(
-            args::RunCmd::augment_args(clap::Command::new("run"))
+            pet::with_env(args::RunCmd::augment_args(clap::Command::new("run")))
                 .about(
                     "Launch the ranks on this node with the plan (a drop-in for torchrun \
                      --standalone)",
@@ -210,11 +213,17 @@ fn run_tree() -> clap::Command {
         )
 }
 
+/// clap's reading of `argv` through the whole tree.
+fn parse_whole(argv: &[OsString]) -> Result<Cli, clap::Error> {
+    use clap::FromArgMatches;
+    Cli::from_arg_matches_mut(&mut whole_tree().try_get_matches_from(argv)?)
+}
+
 fn parse_run(argv: &[OsString]) -> Result<Cli, clap::Error> {
     use clap::FromArgMatches;
     let mut m = run_tree().try_get_matches_from(argv)?;
     let Some((_, mut sub)) = m.remove_subcommand() else {
-        return Cli::try_parse_from(argv);
+        return parse_whole(argv);
     };
     Ok(Cli {
         command: Command::Run(args::RunCmd::from_arg_matches_mut(&mut sub)?),
@@ -286,7 +295,7 @@ mod tests {
 
     #[test]
     fn run_alone_is_the_run_of_the_whole_tree() {
-        let mut whole = Cli::command();
+        let mut whole = whole_tree();
         let mut alone = run_tree();
         whole.build();
         alone.build();

@@ -7,124 +7,109 @@
 
 use std::ffi::OsString;
 
-/// The options `run` shares with torchrun: the variable, our flag, and the
-/// spellings that mean it on the command line.
-const SHARED: &[(&str, &str, &[&str])] = &[
-    ("PET_NNODES", "--nnodes", &["--nnodes"]),
-    (
-        "PET_NPROC_PER_NODE",
-        "--nproc-per-node",
-        &["--nproc-per-node", "--nproc_per_node", "-n"],
-    ),
-    (
-        "PET_NODE_RANK",
-        "--node-rank",
-        &["--node-rank", "--node_rank"],
-    ),
-    (
-        "PET_RDZV_ENDPOINT",
-        "--rdzv-endpoint",
-        &["--rdzv-endpoint", "--rdzv_endpoint"],
-    ),
-    (
-        "PET_RDZV_BACKEND",
-        "--rdzv-backend",
-        &["--rdzv-backend", "--rdzv_backend"],
-    ),
-    ("PET_RDZV_ID", "--rdzv-id", &["--rdzv-id", "--rdzv_id"]),
-    (
-        "PET_MAX_RESTARTS",
-        "--max-restarts",
-        &["--max-restarts", "--max_restarts"],
-    ),
-    (
-        "PET_MASTER_ADDR",
-        "--master-addr",
-        &["--master-addr", "--master_addr"],
-    ),
-    (
-        "PET_MASTER_PORT",
-        "--master-port",
-        &["--master-port", "--master_port"],
-    ),
-    ("PET_LOG_DIR", "--log-dir", &["--log-dir", "--log_dir"]),
-    (
-        "PET_LOCAL_RANKS_FILTER",
-        "--local-ranks-filter",
-        &["--local-ranks-filter", "--local_ranks_filter"],
-    ),
-    (
-        "PET_RDZV_CONF",
-        "--rdzv-conf",
-        &["--rdzv-conf", "--rdzv_conf"],
-    ),
-    ("PET_ROLE", "--role", &["--role"]),
-    ("PET_TEE", "--tee", &["--tee", "-t"]),
-    ("PET_REDIRECTS", "--redirects", &["--redirects", "-r"]),
-    (
-        "PET_MONITOR_INTERVAL",
-        "--monitor-interval",
-        &["--monitor-interval", "--monitor_interval"],
-    ),
-    (
-        "PET_START_METHOD",
-        "--start-method",
-        &["--start-method", "--start_method"],
-    ),
-    (
-        "PET_EVENT_LOG_HANDLER",
-        "--event-log-handler",
-        &["--event-log-handler", "--event_log_handler"],
-    ),
-    (
-        "PET_LOG_LINE_PREFIX_TEMPLATE",
-        "--log-line-prefix-template",
-        &["--log-line-prefix-template", "--log_line_prefix_template"],
-    ),
-    (
-        "PET_DUPLICATE_STDOUT_FILTERS",
-        "--duplicate-stdout-filters",
-        &["--duplicate-stdout-filters", "--duplicate_stdout_filters"],
-    ),
-    (
-        "PET_DUPLICATE_STDERR_FILTERS",
-        "--duplicate-stderr-filters",
-        &["--duplicate-stderr-filters", "--duplicate_stderr_filters"],
-    ),
-    (
-        "PET_LOCAL_ADDR",
-        "--local-addr",
-        &["--local-addr", "--local_addr"],
-    ),
-    (
-        "PET_SIGNALS_TO_HANDLE",
-        "--signals-to-handle",
-        &["--signals-to-handle", "--signals_to_handle"],
-    ),
-    (
-        "PET_SHUTDOWN_TIMEOUT",
-        "--shutdown-timeout",
-        &["--shutdown-timeout", "--shutdown_timeout"],
-    ),
+/// The options `run` shares with torchrun, by their clap ids: the one list.
+/// Everything else about each comes from its clap definition (`args.rs`):
+/// its spellings (long, aliases, short), its help, whether it is a switch;
+/// its variable is `PET_<LONG>` as torchrun's `env` action names it
+/// (`--nproc-per-node` -> `PET_NPROC_PER_NODE`), and `run --help` shows it as
+/// clap shows an `env`.
+pub(super) const TORCHRUN: &[&str] = &[
+    "nnodes",
+    "nproc",
+    "node_rank",
+    "rdzv_endpoint",
+    "rdzv_backend",
+    "rdzv_id",
+    "max_restarts",
+    "master_addr",
+    "master_port",
+    "log_dir",
+    "local_ranks_filter",
+    "rdzv_conf",
+    "role",
+    "tee",
+    "redirects",
+    "monitor_interval",
+    "start_method",
+    "event_log_handler",
+    "log_line_prefix_template",
+    "duplicate_stdout_filters",
+    "duplicate_stderr_filters",
+    "local_addr",
+    "signals_to_handle",
+    "shutdown_timeout",
+    // torchrun's switches (`check_env`): set when the variable is a
+    // non-zero integer, as torchrun reads them.
+    "standalone",
+    "no_python",
+    "module",
+    "run_path",
+    "virtual_local_rank",
 ];
 
-/// torchrun's switches (`check_env`): set when `PET_<OPTION>` is a non-zero
-/// integer, as torchrun reads them.
-const SWITCHES: &[(&str, &str, &[&str])] = &[
-    ("PET_STANDALONE", "--standalone", &["--standalone"]),
-    (
-        "PET_NO_PYTHON",
-        "--no-python",
-        &["--no-python", "--no_python"],
-    ),
-    ("PET_MODULE", "--module", &["--module", "-m"]),
-    ("PET_RUN_PATH", "--run-path", &["--run-path", "--run_path"]),
-    (
-        "PET_VIRTUAL_LOCAL_RANK",
-        "--virtual-local-rank",
-        &["--virtual-local-rank", "--virtual_local_rank"],
-    ),
-];
+/// The `PET_` variable of a long option.
+pub(super) fn var_of(long: &str) -> String {
+    format!("PET_{}", long.replace('-', "_").to_uppercase())
+}
+
+/// `run`'s command with each torchrun option's variable shown (and read) as
+/// clap does an `env`. A variable set but empty stays unset, as torchrun's
+/// `env` action leaves an empty one (clap would take the empty value).
+pub(super) fn with_env(run: clap::Command) -> clap::Command {
+    run.mut_args(|a| {
+        if !TORCHRUN.contains(&a.get_id().as_str()) {
+            return a;
+        }
+        let var = var_of(a.get_long().unwrap_or_default());
+        match std::env::var_os(&var).is_some_and(|v| v.is_empty()) {
+            true => a,
+            false => a.env(Box::leak(var.into_boxed_str()) as &'static str),
+        }
+    })
+}
+
+/// One torchrun option as `run_args` needs it: its variable, our flag, every
+/// spelling that gives it on the command line, and whether it is a switch.
+struct Shared {
+    var: &'static str,
+    flag: &'static str,
+    spellings: Vec<&'static str>,
+    switch: bool,
+}
+
+/// The table, read from the clap definition once.
+fn shared() -> &'static [Shared] {
+    static TABLE: std::sync::OnceLock<Vec<Shared>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+        let run = super::run_tree();
+        let run = run.find_subcommand("run").expect("run is a subcommand");
+        TORCHRUN
+            .iter()
+            .map(|id| {
+                let a = run
+                    .get_arguments()
+                    .find(|a| a.get_id() == id)
+                    .unwrap_or_else(|| panic!("{id} is not one of run's options"));
+                let long = a.get_long().expect("torchrun's options are long");
+                let mut spellings = vec![leak(format!("--{long}"))];
+                spellings.extend(
+                    a.get_all_aliases()
+                        .into_iter()
+                        .flatten()
+                        .map(|x| leak(format!("--{x}"))),
+                );
+                spellings.extend(a.get_short().map(|c| leak(format!("-{c}"))));
+                Shared {
+                    var: leak(var_of(long)),
+                    flag: spellings[0],
+                    spellings,
+                    switch: matches!(a.get_action(), clap::ArgAction::SetTrue),
+                }
+            })
+            .collect()
+    })
+}
 
 /// One option taken from the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,21 +168,23 @@ pub(super) fn run_args(
         .min(argv.len());
     let options = &argv[2..end.max(2)];
     let mut taken = vec![];
-    for (var, flag, spellings) in SHARED {
+    for o in shared().iter().filter(|o| !o.switch) {
+        let (var, flag) = (o.var, o.flag);
         let Some(value) = env(var).map(|v| v.trim().to_string()) else {
             continue;
         };
-        if value.is_empty() || given(options, spellings) {
+        if value.is_empty() || given(options, &o.spellings) {
             continue;
         }
         taken.push(FromEnv { var, flag, value });
     }
     let mut switches = vec![];
-    for (var, flag, spellings) in SWITCHES {
+    for o in shared().iter().filter(|o| o.switch) {
+        let (var, flag) = (o.var, o.flag);
         let Some(value) = env(var).map(|v| v.trim().to_string()) else {
             continue;
         };
-        if value.is_empty() || given(options, spellings) {
+        if value.is_empty() || given(options, &o.spellings) {
             continue;
         }
         let on = value.parse::<i64>().map_err(|_| Refused {

@@ -84,6 +84,9 @@ pub(crate) enum Side {
     Agent,
 }
 
+/// The protocol's name and version, in every hello and every proof.
+pub(crate) const PROTOCOL: &str = "threadwise.rdzv/3";
+
 /// What both sides prove knowledge of: the protocol, the side, the run id
 /// and both nonces.
 fn transcript(side: Side, run_id: &str, agent_nonce: &str, host_nonce: &str) -> String {
@@ -93,7 +96,7 @@ fn transcript(side: Side, run_id: &str, agent_nonce: &str, host_nonce: &str) -> 
     };
     format!(
         "{} {side} run={run_id} agent={agent_nonce} host={host_nonce}",
-        super::proto::PROTOCOL
+        PROTOCOL
     )
 }
 
@@ -195,7 +198,7 @@ impl Auth {
 fn derive(key: &[u8], run_id: &str, agent_nonce: &str, host_nonce: &str) -> Key {
     let t = format!(
         "{} session run={run_id} agent={agent_nonce} host={host_nonce}",
-        super::proto::PROTOCOL
+        PROTOCOL
     );
     Key(mac(key, &t).finalize().into_bytes().into())
 }

@@ -17,8 +17,7 @@ use sha2::Sha256;
 use super::auth::Key;
 use crate::measure::throughput::Hit;
 
-/// The protocol's name and version, in every hello.
-pub(crate) const PROTOCOL: &str = "threadwise.rdzv/3";
+pub(crate) use super::auth::PROTOCOL;
 
 /// The longest line read before a peer has authenticated.
 pub(crate) const MAX_DOOR_LINE: usize = 8 << 10;
