@@ -4,6 +4,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::args::{BindCmd, RunCmd};
@@ -258,7 +259,7 @@ fn run_settings(
         move_workers: !a.no_move_workers,
         log_dir: a.log_dir,
         allow_unbound: a.allow_unbound,
-        watcher: Some(Box::new(TopWatcher { live: a.top })),
+        max_restarts: a.max_restarts,
         quiet: a.quiet,
         role: a.role,
         cluster,
@@ -332,6 +333,7 @@ pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> 
     let (dry, doctor) = (a.dry_run, !a.no_doctor);
     let auth = rendezvous_auth(&a, &mut notes)?;
     let stop_on_usr = torchrun.stop_on_usr.clone();
+    let live = a.top;
     let s = run_settings(a, program, p, t, auth, torchrun)?;
     if dry {
         let lines: String = notes.iter().map(|n| format!("{n}\n")).collect();
@@ -344,7 +346,14 @@ pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> 
         crate::doctor::say_preflight(&s.topology, s.plan.nproc);
     }
     crate::proc::signals::stop_on(&stop_on_usr);
-    Ok(Exit(job::run(&s)?))
+    let top = TopWatcher::new(&s.plan, &s.topology, &s.command, live);
+    Ok(Exit(job::run(
+        &s,
+        Arc::new(super::report::Stderr {
+            top: Some(top),
+            quiet: s.quiet,
+        }),
+    )?))
 }
 
 pub(super) fn bind_cmd(a: BindCmd) -> Result<Exit, Failure> {

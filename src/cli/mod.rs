@@ -5,6 +5,7 @@ mod args;
 mod doctor;
 mod launch;
 mod pet;
+mod report;
 mod settings;
 mod top;
 mod topo;
@@ -287,7 +288,6 @@ pub(crate) fn main() -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
 
     fn os(args: &[&str]) -> Vec<OsString> {
         args.iter().map(OsString::from).collect()
@@ -325,7 +325,7 @@ mod tests {
             &["threadwise", "run", "--help"],
             &["threadwise", "run"],
         ] {
-            let whole = Cli::try_parse_from(os(argv));
+            let whole = parse_whole(&os(argv));
             let alone = parse_run(&os(argv));
             match (whole, alone) {
                 (Ok(w), Ok(a)) => assert_eq!(format!("{w:?}"), format!("{a:?}"), "{argv:?}"),

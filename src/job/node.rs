@@ -1,30 +1,60 @@
-//! One node's ranks, started and supervised to their end, alike for a
-//! one-node job (`job`) and each round of one node of many
-//! (`cluster::rounds`): what is said before they start, their error files,
-//! the watcher, the output options.
+//! One node's ranks in one round, started and supervised to their end,
+//! alike on one node and on many (`rounds`): what is said before they
+//! start, their error files, the reporter's events, the output options.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use super::events::{Event, Level, Reporter, Shared, say};
 use super::settings::RunSettings;
 use crate::launch::env::current;
 use crate::launch::output::{LineSink, OutputOptions};
 use crate::launch::prepare::{self, ErrorFiles};
-use crate::launch::supervise::{self, Peer, RunOptions};
+use crate::launch::supervise::{self, Peer, RunOptions, Spawned};
 use crate::launch::{LaunchError, RankLaunch};
 
 /// What `run` says before starting: replaced variables, a log directory
 /// that will not hold.
-pub(crate) fn before_start(s: &RunSettings, launches: &[RankLaunch]) {
+pub(crate) fn before_start(s: &RunSettings, launches: &[RankLaunch], r: &dyn Reporter) {
     if let Some(note) = launches
         .first()
         .and_then(|l| prepare::overrides_note(l, &current))
     {
-        crate::say!("threadwise: {note}");
+        say(r, Level::Note, note);
     }
     if let Some(w) = s.log_dir.as_deref().and_then(log_dir_warning) {
-        crate::say!("threadwise: warning: {w}");
+        say(r, Level::Warning, w);
     }
+}
+
+/// The round's hook for the pids and its line sink, both into `r`; `also`
+/// reads the lines too (tune's report of global rank 0's throughput).
+pub(super) fn hooks(
+    r: &Shared,
+    round: u32,
+    log_dir: Option<&Path>,
+    also: Option<LineSink>,
+) -> (Spawned, Option<LineSink>) {
+    let (rep, dir) = (r.clone(), log_dir.map(Path::to_path_buf));
+    let spawned = Spawned(Arc::new(move |ranks: &[(usize, i32)]| {
+        rep.event(&Event::Started {
+            round,
+            ranks,
+            log_dir: dir.as_deref(),
+        })
+    }));
+    let lines = r.lines().then(|| {
+        let rep = r.clone();
+        Arc::new(move |rank: usize, line: &str| rep.event(&Event::Line { rank, line })) as LineSink
+    });
+    let sink = match (lines, also) {
+        (Some(a), Some(b)) => Some(Arc::new(move |rank: usize, line: &str| {
+            a(rank, line);
+            b(rank, line)
+        }) as LineSink),
+        (a, b) => a.or(b),
+    };
+    (spawned, sink)
 }
 
 /// Start this node's ranks and supervise them to the end; `errors` holds
@@ -34,21 +64,16 @@ pub(crate) fn supervise_node(
     mut launches: Vec<RankLaunch>,
     errors: &ErrorFiles,
     peer: Option<Arc<dyn Peer>>,
-    rank_base: usize,
+    (round, rank_base): (u32, usize),
     sink: Option<LineSink>,
+    r: &Shared,
 ) -> Result<supervise::Outcome, LaunchError> {
     errors.assign(&mut launches);
     for l in &mut launches {
         l.program = Some(s.program.clone());
     }
     let log_dir = errors.logs().map(Path::to_path_buf);
-    let (on_spawned, finish) = match &s.watcher {
-        Some(w) => {
-            let (hook, finish) = w.round(s, log_dir.as_deref());
-            (Some(hook), Some(finish))
-        }
-        None => (None, None),
-    };
+    let (on_spawned, sink) = hooks(r, round, log_dir.as_deref(), sink);
     let opts = RunOptions {
         grace: s.grace,
         output: OutputOptions {
@@ -61,14 +86,15 @@ pub(crate) fn supervise_node(
         },
         timeout: None,
         move_workers: s.move_workers,
-        on_spawned,
+        on_spawned: Some(on_spawned),
         log_dir,
         peer,
     };
     let outcome = supervise::run(&launches, &opts);
-    if let Some(f) = finish {
-        f();
-    }
+    r.event(&Event::RoundEnded {
+        round,
+        outcome: outcome.as_ref().ok(),
+    });
     outcome
 }
 

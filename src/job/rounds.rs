@@ -1,13 +1,16 @@
-//! One node of a multi-node `run` (`--nnodes N`): this node's agent joins
-//! the rendezvous, and every round starts this node's ranks with the same
-//! supervision as a one-node run (`node::supervise_node`); the job's end, its
-//! root cause and exit code are the same on every node.
+//! A job's rounds on this node, alike for one node and many: a one-node job
+//! runs them with the coordinator in the process (`rdzv::local`), one node
+//! of many (`--nnodes N`) joins the rendezvous (`rdzv::run`); every round
+//! starts this node's ranks with the same supervision
+//! (`node::supervise_node`); the job's end, its root cause and exit code are
+//! the same on every node, and on one node as on many.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use super::events::{Level, Reporter, Shared, say};
 use crate::job::node::{before_start, supervise_node};
-use crate::job::settings::{ClusterSettings, JobError, RunSettings};
+use crate::job::settings::{JobError, RunSettings};
 use crate::launch::env::{Job, current};
 use crate::launch::output::LineSink;
 use crate::launch::prepare::{self, ErrorFiles};
@@ -15,9 +18,10 @@ use crate::launch::report;
 use crate::launch::supervise::{self, Peer};
 use crate::launch::{RankLaunch, plan_launches};
 use crate::measure::throughput::{Hit, Metric};
+use crate::measure::usage::NodeUsage;
 use crate::netif;
 use crate::plan::Plan;
-use crate::rdzv::proto::{NodeUsage, Report};
+use crate::rdzv::Report;
 use crate::rdzv::{AgentConfig, RoundEnd, Start};
 
 fn job_of(s: &Start, nproc: usize, run_id: &str, role: &str) -> Job {
@@ -51,7 +55,7 @@ fn launches_of(s: &RunSettings, start: &Start, run_id: &str) -> Vec<RankLaunch> 
 /// GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME: the interface that routes to
 /// node 0 (MASTER_ADDR), set where unset; a user's value that cannot reach
 /// it is kept and warned about.
-fn collective_ifname(master: &str, launches: &mut [RankLaunch], warn: bool) {
+fn collective_ifname(master: &str, launches: &mut [RankLaunch], warn: Option<&dyn Reporter>) {
     let Some((ifname, _)) = netif::route_to(master) else {
         return;
     };
@@ -63,8 +67,11 @@ fn collective_ifname(master: &str, launches: &mut [RankLaunch], warn: bool) {
                 }
             }
             Ok(None) => {}
-            Err(w) if warn => crate::say!("threadwise: warning: {w}"),
-            Err(_) => {}
+            Err(w) => {
+                if let Some(r) = warn {
+                    say(r, Level::Warning, w);
+                }
+            }
         }
     }
 }
@@ -114,7 +121,7 @@ pub(crate) fn dry_run(s: &RunSettings, cfg: &AgentConfig) -> String {
     let p = &s.plan;
     let g = guess(cfg, p);
     let mut probe = launches_of(s, &g, &cfg.run_id);
-    collective_ifname(&g.master_addr, &mut probe, false);
+    collective_ifname(&g.master_addr, &mut probe, None);
     let shown = prepare::dry_run(p, &probe, s.move_workers, &current);
     format!(
         "node {}: joins the rendezvous at {} (id {:?}) as one of {}; threadwise \
@@ -132,54 +139,128 @@ pub(crate) fn dry_run(s: &RunSettings, cfg: &AgentConfig) -> String {
     )
 }
 
-/// Join the job and run this node's part of every round; the job's exit code.
-pub(crate) fn run(s: &RunSettings, c: &ClusterSettings) -> Result<i32, JobError> {
-    let (cfg, p) = (&c.agent, &s.plan);
+/// A one-node job as a job of one node: its coordinator in the process, no
+/// secret, MASTER_ADDR and MASTER_PORT as given (or a free port).
+fn one_node(s: &RunSettings) -> AgentConfig {
+    AgentConfig {
+        endpoint: "(this process)".into(),
+        nnodes: 1,
+        min_nodes: 1,
+        last_call: std::time::Duration::ZERO,
+        node_rank: Some(0),
+        run_id: crate::launch::env::run_id(),
+        nproc: s.plan.nproc,
+        max_restarts: s.max_restarts,
+        master_port: s.master_port,
+        join_timeout: std::time::Duration::from_secs(60),
+        // The one node is this process: it cannot go silent.
+        heartbeat_timeout: std::time::Duration::from_secs(365 * 86400),
+        host: crate::os::hostname(),
+        local_addr: Some(s.master_addr.clone()),
+        linger: std::time::Duration::ZERO,
+        auth: crate::rdzv::auth::Auth::Open,
+    }
+}
+
+/// Run this node's part of every round of the job; the job's exit code.
+pub(crate) fn run(s: &RunSettings, r: Shared) -> Result<i32, JobError> {
+    let (cfg, multi) = match &s.cluster {
+        Some(c) => (c.agent.clone(), true),
+        None => (one_node(s), false),
+    };
+    let p = &s.plan;
     let host = cfg.host.clone();
-    let mut probe = launches_of(s, &guess(cfg, p), &cfg.run_id);
-    before_start(s, &probe);
+    let mut probe = launches_of(s, &guess(&cfg, p), &cfg.run_id);
+    before_start(s, &probe, &*r);
     let (relaxed, said) = prepare::check_bindings(&mut probe, s.allow_unbound)?;
     if let Some(w) = said {
-        crate::say!("threadwise: warning: {w}");
+        say(&*r, Level::Warning, w);
     }
+    let report = s.cluster.as_ref().and_then(|c| c.report.clone());
     let mut node = Rounds {
         s,
-        report: c.report.clone(),
+        multi,
+        r: r.clone(),
         // Every node's logs under DIR/<host>, so nodes sharing a file system
-        // never write each other's files.
-        logs: s.log_dir.as_ref().map(|d| d.join(&host)),
+        // never write each other's files; one node's in DIR.
+        logs: s.log_dir.as_ref().map(|d| match multi {
+            true => d.join(&host),
+            false => d.clone(),
+        }),
         relaxed,
         run_id: cfg.run_id.clone(),
         // Loaded once (NVML's start can take seconds), for tune's reports.
-        gpu: c
-            .report
+        gpu: report
             .as_ref()
             .and_then(|_| crate::measure::gpu::GpuSampler::new()),
+        report,
         host,
         failures: vec![],
+        last: Last::default(),
     };
-    crate::say!(
-        "threadwise: {}: joining the rendezvous at {} ({}, id {:?})",
-        node.host,
-        cfg.endpoint,
-        match cfg.min_nodes < cfg.nnodes {
-            true => format!("{} to {} node(s)", cfg.min_nodes, cfg.nnodes),
-            false => format!("{} node(s)", cfg.nnodes),
-        },
-        cfg.run_id
-    );
-    let end = crate::rdzv::run(cfg, |st, peer| node.round(st, peer));
+    let end = if multi {
+        say(
+            &*r,
+            Level::Note,
+            format!(
+                "{}: joining the rendezvous at {} ({}, id {:?})",
+                node.host,
+                cfg.endpoint,
+                match cfg.min_nodes < cfg.nnodes {
+                    true => format!("{} to {} node(s)", cfg.min_nodes, cfg.nnodes),
+                    false => format!("{} node(s)", cfg.nnodes),
+                },
+                cfg.run_id
+            ),
+        );
+        crate::rdzv::run(&cfg, |st, peer| node.round(st, peer))
+    } else {
+        crate::rdzv::local::run(&cfg, |st, peer| node.round(st, peer))
+    };
     for f in &node.failures {
-        crate::say_text!(f);
+        say(&*r, Level::Text, f);
     }
     let end = end?;
-    if let Some(cause) = &end.cause {
-        crate::say!("threadwise: the job ended: {cause}");
+    match (&end.cause, multi, node.last.signal) {
+        (Some(cause), true, _) => say(&*r, Level::Note, format!("the job ended: {cause}")),
+        (_, false, Some(sig)) if node.failures.is_empty() => say(
+            &*r,
+            Level::Note,
+            format!("stopped by {}", crate::os::signal_name(sig)),
+        ),
+        _ => {}
+    }
+    if node.last.split_lines {
+        say(
+            &*r,
+            Level::Note,
+            format!(
+                "a line longer than {} MiB was shown in pieces (the log files keep it whole)",
+                crate::launch::output::MAX_LINE >> 20
+            ),
+        );
     }
     if let Some(d) = &node.logs {
-        crate::say!("threadwise: logs in {}", d.display());
+        say(&*r, Level::Note, format!("logs in {}", d.display()));
     }
-    Ok(end.code)
+    for e in &node.last.log_errors {
+        say(&*r, Level::Error, e);
+    }
+    // Ranks that succeeded with logs lost still make a failed run: exit 3.
+    Ok(match end.code {
+        0 if !node.last.log_errors.is_empty() => 3,
+        code => code,
+    })
+}
+
+/// What the rounds left to say at the end.
+#[derive(Debug, Default)]
+struct Last {
+    /// The user's signal that stopped the ranks.
+    signal: Option<i32>,
+    split_lines: bool,
+    /// Logs that could not be written whole, in any round.
+    log_errors: Vec<String>,
 }
 
 /// The node's use in this round, for `tune --nnodes`.
@@ -222,6 +303,10 @@ fn rank0_sink(metric: &Metric, s: &Start, best: &Arc<Mutex<Option<Hit>>>) -> Opt
 /// What every round on this node shares.
 struct Rounds<'a> {
     s: &'a RunSettings,
+    /// One node of many (else a one-node job: no host in its words).
+    multi: bool,
+    r: Shared,
+    last: Last,
     /// Report the node's use after each round, and global rank 0's
     /// throughput read this way (tune --nnodes).
     report: Option<Metric>,
@@ -239,34 +324,51 @@ impl Rounds<'_> {
     /// One round: this node's ranks, supervised; how they ended.
     fn round(&mut self, s: &Start, peer: Arc<dyn Peer>) -> RoundEnd {
         let (run, p, host) = (self.s, &self.s.plan, self.host.clone());
+        let r = self.r.clone();
         let last = s.rank_offset + p.nproc - 1;
-        crate::say!(
-            "threadwise: {host}: node {} of {} ({}), ranks {}-{last} of {}, MASTER_ADDR={} MASTER_PORT={}{}",
-            s.node_rank,
-            s.nnodes,
-            crate::launch::report::compact_hosts(&s.hosts),
-            s.rank_offset,
-            s.world_size,
-            s.master_addr,
-            s.master_port,
-            if s.round > 0 {
+        // The last round's failure, said before the ranks start again (a
+        // job that recovers ends with no failure report).
+        for f in self.failures.drain(..) {
+            say(&*r, Level::Text, f);
+        }
+        let again = match s.round {
+            0 => String::new(),
+            round => format!(
+                " (round {round}; restarts {} of {})",
+                s.restarts, s.max_restarts
+            ),
+        };
+        match self.multi {
+            true => say(
+                &*r,
+                Level::Note,
                 format!(
-                    " (round {}; restarts {} of {})",
-                    s.round, s.restarts, s.max_restarts
-                )
-            } else {
-                String::new()
-            }
-        );
+                    "{host}: node {} of {} ({}), ranks {}-{last} of {}, MASTER_ADDR={} MASTER_PORT={}{again}",
+                    s.node_rank,
+                    s.nnodes,
+                    crate::launch::report::compact_hosts(&s.hosts),
+                    s.rank_offset,
+                    s.world_size,
+                    s.master_addr,
+                    s.master_port,
+                ),
+            ),
+            false if s.round > 0 => say(&*r, Level::Note, format!("the ranks start again{again}")),
+            false => {}
+        }
         let mut launches = launches_of(run, s, &self.run_id);
         self.relaxed.apply(&mut launches);
+        let on = match self.multi {
+            true => format!("{host}: "),
+            false => String::new(),
+        };
         if !run.quiet {
-            crate::say!(
-                "threadwise: {host}: {}",
-                crate::launch::report::placement_line(&launches, s.rank_offset)
-            );
+            let line = crate::launch::report::placement_line(&launches, s.rank_offset);
+            say(&*r, Level::Note, format!("{on}{line}"));
         }
-        collective_ifname(&s.master_addr, &mut launches, s.round == 0);
+        if self.multi {
+            collective_ifname(&s.master_addr, &mut launches, (s.round == 0).then_some(&*r));
+        }
         let dir = self.logs.as_ref().map(|d| match s.round {
             0 => d.clone(),
             r => d.join(format!("restart-{r}")),
@@ -274,7 +376,7 @@ impl Rounds<'_> {
         let errors = match ErrorFiles::new(dir.as_deref()) {
             Ok(e) => e,
             Err(e) => {
-                self.failures.push(format!("error: {e}"));
+                self.failures.push(format!("error: {e}\n"));
                 return 3.into();
             }
         };
@@ -283,20 +385,29 @@ impl Rounds<'_> {
         }
         let hit: Arc<Mutex<Option<Hit>>> = Arc::default();
         let sink = self.report.as_ref().and_then(|m| rank0_sink(m, s, &hit));
-        let outcome = supervise_node(run, launches, &errors, Some(peer), s.rank_offset, sink);
+        let outcome = supervise_node(
+            run,
+            launches,
+            &errors,
+            Some(peer),
+            (s.round, s.rank_offset),
+            sink,
+            &r,
+        );
         let gpu = self.gpu.as_mut().map(|g| g.stop());
         match outcome {
             Ok(o) => {
-                if !run.quiet {
-                    crate::say_text!(report::summary(&o));
-                }
-                if let Some(r) = report::failure_report_on(&o, Some(&errors.dir), Some(&host)) {
-                    self.failures.push(r);
+                let named = self.multi.then_some(host.as_str());
+                if let Some(f) = report::failure_report_on(&o, Some(&errors.dir), named) {
+                    self.failures.push(f);
                 }
                 for (file, why) in &o.log_errors {
-                    self.failures
-                        .push(format!("error: the log {file} is incomplete: {why}"));
+                    self.last
+                        .log_errors
+                        .push(format!("the log {file} is incomplete: {why}"));
                 }
+                self.last.signal = self.last.signal.or(o.signal);
+                self.last.split_lines |= o.split_lines;
                 RoundEnd {
                     // Ranks stopped for the rest of the job (SIGTERM from
                     // us) are no failure of this node's, but neither did
@@ -320,7 +431,7 @@ impl Rounds<'_> {
             }
             Err(e) => {
                 self.failures
-                    .push(format!("error: {e}\nhint: {}", e.hint()));
+                    .push(format!("error: {e}\nhint: {}\n", e.hint()));
                 e.code().into()
             }
         }

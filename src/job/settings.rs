@@ -1,26 +1,16 @@
 //! What `run` was asked to do, typed: the settings the command line builds
-//! once (ripgrep's LowArgs -> HiArgs), what one node of many adds, who
-//! watches the ranks, and why a job could not run.
+//! once (ripgrep's LowArgs -> HiArgs), what one node of many adds, and why a
+//! job could not run.
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::launch::LaunchError;
 use crate::launch::prepare::PrepareError;
-use crate::launch::supervise::Spawned;
 use crate::plan::Plan;
 use crate::rdzv::{AgentConfig, ClusterError};
 use crate::topology::Topology;
-
-/// Who watches a node's ranks while they run (`top`'s state file and `run
-/// --top`'s live view): the command line gives it, launching knows no more.
-pub(crate) trait Watcher: Send + Sync {
-    /// For one round: the hook `supervise` calls with the ranks' pids, and
-    /// what to call once they all ended.
-    fn round(&self, s: &RunSettings, log_dir: Option<&Path>)
-    -> (Spawned, Box<dyn FnOnce() + Send>);
-}
 
 /// What `run` was asked to do, checked and resolved: the plan is made, the
 /// program found.
@@ -41,7 +31,9 @@ pub(crate) struct RunSettings {
     pub move_workers: bool,
     pub log_dir: Option<PathBuf>,
     pub allow_unbound: bool,
-    pub watcher: Option<Box<dyn Watcher>>,
+    /// Restarts of the ranks after a failure (`--max-restarts`), on one node
+    /// as on many.
+    pub max_restarts: u32,
     /// No per-rank summary at the end.
     pub quiet: bool,
     /// ROLE_NAME for every rank (torchrun's `--role`).

@@ -36,15 +36,9 @@ pub(crate) fn summary(o: &Outcome) -> String {
     s
 }
 
-/// What to say about a failure: which rank, its pid, how, and its stderr tail.
-/// With `errors`, the directory of the ranks' TORCHELASTIC_ERROR_FILEs: the
-/// exception the failing rank recorded is its root cause, as torchrun says.
-pub(crate) fn failure_report(o: &Outcome, errors: Option<&std::path::Path>) -> Option<String> {
-    failure_report_on(o, errors, None)
-}
-
-/// `failure_report`; on one node of many (`host`) the line names the host
-/// and calls the rank local: "host1: error: local rank 1 (pid ...)".
+/// The failing rank's report (None when none failed): its end, its
+/// recorded error and its stderr's tail; on one node of many (`host`) the
+/// line names the host and calls the rank local: "host1: error: local rank 1 (pid ...)".
 pub(crate) fn failure_report_on(
     o: &Outcome,
     errors: Option<&std::path::Path>,

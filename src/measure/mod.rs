@@ -10,3 +10,4 @@ pub(crate) mod proc;
 pub(crate) mod process;
 pub(crate) mod rates;
 pub(crate) mod throughput;
+pub(crate) mod usage;

@@ -318,7 +318,7 @@ fn beater(link: Arc<Link>, quit: Receiver<()>) {
     }
 }
 
-fn coordinator(cfg: &AgentConfig) -> Coordinator {
+pub(super) fn coordinator(cfg: &AgentConfig) -> Coordinator {
     Coordinator::new(
         cfg.nnodes,
         &cfg.run_id,
@@ -427,10 +427,28 @@ fn join_and_run(
     result
 }
 
+/// What carries the agent's state to its rendezvous: a socket to a host
+/// (`Link`), or the coordinator in this process (`local::Local`).
+pub(super) trait Carrier: Peer + 'static {
+    /// Apply an event and carry out its actions (starts and the end go to
+    /// the main thread).
+    fn apply(&self, ev: Event);
+    fn send(&self, m: &ToHost);
+}
+
+impl Carrier for Link {
+    fn apply(&self, ev: Event) {
+        Link::apply(self, ev)
+    }
+    fn send(&self, m: &ToHost) {
+        Link::send(self, m)
+    }
+}
+
 /// Carry out what the state asks of the main thread: a round's ranks, or
 /// the end; between rounds, watch the clock and the user's signals.
-fn rounds(
-    link: &Arc<Link>,
+pub(super) fn rounds<L: Carrier>(
+    link: &Arc<L>,
     rx: &Receiver<Action>,
     pipe: &SignalPipe,
     round: &mut impl FnMut(&Start, Arc<dyn Peer>) -> RoundEnd,

@@ -20,6 +20,7 @@ pub(crate) mod coord;
 mod door_tests;
 #[cfg(test)]
 mod fuzz_tests;
+pub(crate) mod local;
 pub(crate) mod proto;
 mod server;
 pub(crate) mod state;
@@ -27,7 +28,7 @@ pub(crate) mod state;
 mod tests;
 
 pub(crate) use agent::{AgentConfig, RoundEnd, run};
-pub(crate) use proto::Start;
+pub(crate) use proto::{Report, Start};
 pub(crate) use server::Hosted;
 
 /// Host a rendezvous on `listener` without taking part (`tune --nnodes`

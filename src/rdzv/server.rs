@@ -571,7 +571,7 @@ fn serve(mut coord: Coordinator, rx: Receiver<Ev>) -> Coordinator {
 }
 
 /// A message from a node that came through the door.
-fn on_message(coord: &mut Coordinator, conn: Conn, m: ToHost) -> Vec<Out> {
+pub(super) fn on_message(coord: &mut Coordinator, conn: Conn, m: ToHost) -> Vec<Out> {
     let now = Instant::now();
     coord.seen(conn, now);
     match m {

@@ -1,5 +1,6 @@
-//! The two hooks `run` gives `top`: the state file that lets `top` find a
-//! run, and `run --top` (the live view in place of the ranks' output).
+//! What `top` takes from a job's events (`job::events`): the state file that
+//! lets `top` find a run, and `run --top` (the live view in place of the
+//! ranks' output), each round's from its `Started` to its `RoundEnded`.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,8 +10,7 @@ use std::time::Duration;
 
 use super::find::{self, RunState, STATE_SCHEMA};
 use super::{Sampler, Target, ui};
-use crate::job::settings::{RunSettings, Watcher};
-use crate::launch::supervise::Spawned;
+use crate::job::Event;
 use crate::plan::Plan;
 use crate::topology::Topology;
 
@@ -52,19 +52,17 @@ pub(crate) struct RunWatch {
 }
 
 impl RunWatch {
-    /// The hook `supervise` calls with the pids: write the state file, and
-    /// with `--top` start the view.
-    pub(crate) fn hook(
+    /// The ranks started: write the state file, and with `--top` start the
+    /// view.
+    pub(crate) fn started(
         self: &Arc<Self>,
-        p: &Plan,
-        topo: &Topology,
-        command: Vec<String>,
+        w: &TopWatcher,
+        pids: &[(usize, i32)],
         log_dir: Option<String>,
-        top: bool,
-    ) -> Spawned {
-        let (me, p, topo) = (self.clone(), p.clone(), topo.clone());
-        Spawned(Arc::new(move |pids| {
-            let ranks = targets(&p, pids, &topo.allowed_cpus);
+    ) {
+        let (me, p, topo, command, top) = (self.clone(), &w.plan, &w.topology, &w.command, w.live);
+        {
+            let ranks = targets(p, pids, &topo.allowed_cpus);
             let state = RunState {
                 schema: STATE_SCHEMA.into(),
                 pid: std::process::id() as i32,
@@ -87,7 +85,7 @@ impl RunWatch {
                 });
                 *me.view.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
             }
-        }))
+        }
     }
 
     /// The run ended: close the view, remove the state file.
@@ -109,30 +107,57 @@ impl RunWatch {
 
 /// `run`'s watcher: each round's state file, and with `live` (`run --top`)
 /// the view in place of the ranks' output.
-#[derive(Debug, Clone, Copy)]
 pub(crate) struct TopWatcher {
-    pub live: bool,
+    plan: Plan,
+    topology: Topology,
+    command: Vec<String>,
+    live: bool,
+    /// The round under way, and its number.
+    round: Mutex<Option<(u32, Arc<RunWatch>)>>,
 }
 
-impl Watcher for TopWatcher {
-    fn round(
-        &self,
-        s: &RunSettings,
-        log_dir: Option<&std::path::Path>,
-    ) -> (Spawned, Box<dyn FnOnce() + Send>) {
-        let w = Arc::new(RunWatch::default());
-        let shown = s
-            .command
-            .iter()
-            .map(|x| x.to_string_lossy().into_owned())
-            .collect();
-        let hook = w.hook(
-            &s.plan,
-            &s.topology,
-            shown,
-            log_dir.map(|d| d.display().to_string()),
-            self.live,
-        );
-        (hook, Box::new(move || w.finish()))
+impl TopWatcher {
+    pub(crate) fn new(
+        plan: &Plan,
+        topology: &Topology,
+        command: &[std::ffi::OsString],
+        live: bool,
+    ) -> TopWatcher {
+        TopWatcher {
+            plan: plan.clone(),
+            topology: topology.clone(),
+            command: command
+                .iter()
+                .map(|x| x.to_string_lossy().into_owned())
+                .collect(),
+            live,
+            round: Mutex::default(),
+        }
+    }
+
+    /// A round's start and end; the rest of a job's events are not top's.
+    pub(crate) fn event(&self, e: &Event<'_>) {
+        let mut round = self.round.lock().unwrap_or_else(|e| e.into_inner());
+        match e {
+            Event::Started {
+                round: n,
+                ranks,
+                log_dir,
+            } => {
+                let w = Arc::new(RunWatch::default());
+                w.started(self, ranks, log_dir.map(|d| d.display().to_string()));
+                if let Some((_, old)) = round.replace((*n, w)) {
+                    old.finish();
+                }
+            }
+            Event::RoundEnded { round: n, .. } => {
+                if round.as_ref().is_some_and(|(r, _)| r == n)
+                    && let Some((_, w)) = round.take()
+                {
+                    w.finish();
+                }
+            }
+            _ => {}
+        }
     }
 }

@@ -17,7 +17,7 @@ fn default_level() -> f64 {
 fn default_role() -> Role {
     Role::User
 }
-use crate::launch::supervise::Exit;
+use crate::job::Exit;
 
 pub(crate) const TUNE_SCHEMA: &str = "threadwise.tune/1";
 
@@ -110,7 +110,7 @@ impl TrialOutcome {
     }
 }
 
-pub(crate) use crate::rdzv::proto::NodeUsage;
+pub(crate) use crate::measure::usage::NodeUsage;
 
 /// A node's figures in one trial.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -141,7 +141,7 @@ pub(crate) trait TrialRunner {
 
 /// What a configuration launches, compared whole (`Eq`): every rank's
 /// environment, placement and argv, for a fixed port and run id.
-pub(crate) type LaunchKey = Vec<crate::launch::RankLaunch>;
+pub(crate) type LaunchKey = Vec<crate::job::trial::RankLaunch>;
 
 /// How one trial ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,6 +1,7 @@
-//! The real trial runner: plan each configuration on this machine once, launch
-//! its ranks with `launch::supervise` (output captured, not shown), and turn the
-//! ranks' wait4 figures and the NVML samples into a `TrialOutcome`.
+//! The real trial runner: plan each configuration on this machine once, run
+//! its ranks through the job's trial entry point (`job::trial`: output
+//! captured, not shown; the pids and lines as events), and turn the ranks'
+//! wait4 figures and the NVML samples into a `TrialOutcome`.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -9,9 +10,8 @@ use std::time::Duration;
 
 use super::trial::Used;
 use super::{LaunchKey, TrialOutcome, TuneConfig};
-use crate::launch::output::{LineSink, OutputOptions};
-use crate::launch::supervise::{self, RunOptions, Spawned};
-use crate::launch::{RankLaunch, node_launches, plan_launches};
+use crate::job::trial::{self, Trial};
+use crate::job::{Event, Reporter};
 use crate::measure::gpu::{GpuSampler, JobPids};
 use crate::measure::proc::{ProcReader, ticks_per_second};
 use crate::measure::throughput::{Hit, Metric};
@@ -60,83 +60,81 @@ impl Runner {
             })
             .clone()
     }
+}
 
-    fn launches(&self, c: &TuneConfig) -> Result<Vec<RankLaunch>, String> {
-        let p = self.plan_of(c)?;
-        let ls = node_launches(
-            &p,
-            &self.argv,
-            "127.0.0.1",
-            None,
-            crate::launch::env::DEFAULT_ROLE,
-        )
-        .map_err(|e| e.to_string())?;
-        let mut ls = ls;
-        crate::launch::prepare::check_bindings(&mut ls, false).map_err(|e| e.to_string())?;
-        Ok(ls)
+/// What a trial's runner hears of its ranks: their pids (for the GPU
+/// sampler) and their lines, read by the metric as they arrive: nothing but
+/// the last hit is kept, however much the ranks print.
+struct Hears {
+    metric: Metric,
+    hit: Arc<Mutex<Option<Hit>>>,
+    pids: JobPids,
+}
+
+impl Reporter for Hears {
+    fn event(&self, e: &Event<'_>) {
+        match e {
+            Event::Started { ranks, .. } => {
+                if let Ok(mut v) = self.pids.lock() {
+                    *v = ranks.iter().map(|(_, p)| *p).collect();
+                }
+            }
+            Event::Line { rank, line } => {
+                if let Some(found) = self.metric.scan(*rank, line) {
+                    found.keep_in(&self.hit);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn lines(&self) -> bool {
+        true
     }
 }
 
 impl super::TrialRunner for Runner {
     fn launch_key(&self, c: &TuneConfig) -> Option<LaunchKey> {
         let p = self.plan_of(c).ok()?;
-        // A fixed job: the port and run id differ between any two launches.
-        let job = crate::launch::env::Job::single(p.nproc, "127.0.0.1", 0, String::new());
-        Some(plan_launches(&p, &self.argv, &job))
+        Some(trial::launch_key(&p, &self.argv))
     }
 
     fn run(&mut self, c: &TuneConfig, metric: &Metric) -> TrialOutcome {
-        let launches = match self.launches(c) {
+        let launches = match self
+            .plan_of(c)
+            .and_then(|p| trial::launches(&p, &self.argv))
+        {
             Ok(l) => l,
             Err(e) => return TrialOutcome::not_started(e),
         };
-        // The metric is applied as lines arrive: nothing but the last hit
-        // and the stderr tails is kept, however much the ranks print.
-        let hit: Arc<Mutex<Option<Hit>>> = Arc::default();
-        let (m, h) = (metric.clone(), hit.clone());
-        let sink: LineSink = Arc::new(move |rank, line| {
-            if let Some(found) = m.scan(rank, line) {
-                found.keep_in(&h);
-            }
-        });
         // The GPUs the configuration's ranks use, and their pids once started.
         let gpus = self.plan_of(c).map(|p| p.gpus()).unwrap_or_default();
         let job: JobPids = Arc::default();
-        let j = job.clone();
-        let on_spawned = Spawned(Arc::new(move |pids: &[(usize, i32)]| {
-            if let Ok(mut v) = j.lock() {
-                *v = pids.iter().map(|(_, p)| *p).collect();
-            }
-        }));
-        let opts = RunOptions {
+        let hears = Arc::new(Hears {
+            metric: metric.clone(),
+            hit: Arc::default(),
+            pids: job.clone(),
+        });
+        let t = Trial {
+            launches: &launches,
             grace: self.grace,
-            timeout: Some(self.timeout),
-            output: OutputOptions {
-                rank_base: 0,
-                prefix_of: None,
-                duplicate: [None, None],
-                prefix: true,
-                show: Some(vec![]),
-                sink: Some(sink),
-            },
-            log_dir: None,
-            on_spawned: Some(on_spawned),
+            timeout: self.timeout,
             move_workers: true,
-            peer: None,
+            prefix: true,
         };
         if let Some(g) = &mut self.gpu {
             g.start(gpus, job);
         }
         let mut proc = ProcReader::new("/");
         let before = proc.system();
-        let outcome = supervise::run(&launches, &opts);
+        let outcome = trial::run(&t, hears.clone());
         let after = proc.system();
         let gpu = self.gpu.as_mut().map(GpuSampler::stop);
         let o = match outcome {
             Ok(o) => o,
             Err(e) => return TrialOutcome::not_started(e.to_string()),
         };
-        let hit = hit.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let hit = hears.hit.lock().unwrap_or_else(|e| e.into_inner()).take();
         let mut t = TrialOutcome::of(&o, hit, Used::of_ranks(&o));
         // What else the machine did meanwhile: its busy time less the job's
         // own (ranks and their waited-for children; our supervisor's few ms

@@ -12,17 +12,14 @@
 //! then form the job through their own rendezvous, as a user's job does.
 
 use std::ffi::OsString;
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::trial::Used;
 use super::{TrialEnd, TrialOutcome, TuneConfig};
-use crate::launch::RankLaunch;
-use crate::launch::output::OutputOptions;
-use crate::launch::supervise::{self, RunOptions};
+use crate::job::trial::{self as launch, RankLaunch, ReportHost, Trial};
 use crate::measure::throughput::Metric;
-use crate::rdzv;
 
 /// How long a trial's nodes may take to join, and be silent.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -130,21 +127,11 @@ impl super::TrialRunner for SrunRunner {
         self.trials += 1;
         // A port free here, so trials (and tunes of other jobs) never collide.
         // The agents srun starts inherit this environment: the same mode.
-        let auth = match rdzv::auth::for_job(None, &crate::launch::env::current) {
-            Ok(a) => a,
-            Err(e) => return TrialOutcome::not_started(format!("{e} ({})", e.hint())),
-        };
-        let hosted = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).and_then(|l| {
-            let port = l.local_addr()?.port();
-            Ok((
-                port,
-                rdzv::host(l, self.nnodes, &id, JOIN_TIMEOUT, HEARTBEAT_TIMEOUT, auth)?,
-            ))
-        });
-        let (port, hosted) = match hosted {
+        let hosted = match ReportHost::start(self.nnodes, &id, JOIN_TIMEOUT, HEARTBEAT_TIMEOUT) {
             Ok(h) => h,
-            Err(e) => return TrialOutcome::not_started(format!("cannot host the rendezvous: {e}")),
+            Err(e) => return TrialOutcome::not_started(e),
         };
+        let port = hosted.port;
         let launch = RankLaunch {
             local_rank: 0,
             program: Some(self.srun.clone()),
@@ -156,30 +143,21 @@ impl super::TrialRunner for SrunRunner {
             mem: "(srun)".into(),
             worker_mask: None,
         };
-        let opts = RunOptions {
+        let t = Trial {
+            launches: std::slice::from_ref(&launch),
             grace: self.grace,
-            timeout: Some(self.timeout),
-            output: OutputOptions {
-                rank_base: 0,
-                prefix_of: None,
-                duplicate: [None, None],
-                prefix: false,
-                show: Some(vec![]),
-                sink: None,
-            },
-            log_dir: None,
-            on_spawned: None,
+            timeout: self.timeout,
             move_workers: false,
-            peer: None,
+            prefix: false,
         };
-        let o = supervise::run(&[launch], &opts);
-        let reports = hosted.finish().reports();
+        let o = launch::run(&t, Arc::new(crate::job::events::Quiet));
+        let reports = hosted.finish();
         let o = match o {
             Ok(o) => o,
             Err(e) => return TrialOutcome::not_started(e.to_string()),
         };
-        let hit = reports.iter().find_map(|r| r.hit.clone());
-        let nodes: Vec<_> = reports.into_iter().map(|r| r.usage).collect();
+        let hit = reports.iter().find_map(|(_, hit)| hit.clone());
+        let nodes: Vec<_> = reports.into_iter().map(|(usage, _)| usage).collect();
         let mut t = TrialOutcome::of(&o, hit, Used::of_nodes(&nodes));
         if t.end == TrialEnd::Ok && nodes.len() != self.nnodes {
             t.end = TrialEnd::NotStarted(format!(

@@ -38,7 +38,7 @@ impl TrialRunner for Fake {
                 end: TrialEnd::RankFailed {
                     local_rank: 0,
                     pid: 4121,
-                    exit: crate::launch::supervise::Exit::Code(1),
+                    exit: crate::job::Exit::Code(1),
                 },
                 stderr_tail: vec!["Traceback".into()],
                 wall: Duration::from_secs(1),
@@ -59,7 +59,7 @@ impl TrialRunner for Fake {
 
 /// A launch that stands for the string `k` (the fake's launch keys).
 fn key_of(k: &str) -> LaunchKey {
-    vec![crate::launch::RankLaunch {
+    vec![crate::job::trial::RankLaunch {
         local_rank: 0,
         argv: vec![k.into()],
         program: None,

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use super::{NodeUsage, TrialEnd, TrialOutcome};
-use crate::launch::supervise::Outcome;
+use crate::job::Outcome;
 use crate::measure::throughput::Hit;
 
 /// What a trial's processes used.
@@ -94,8 +94,8 @@ impl TrialOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launch::machine::Exit;
-    use crate::launch::supervise::RankResult;
+    use crate::job::Exit;
+    use crate::job::RankResult;
 
     fn result(rank: usize, exit: Exit, cpu_ms: u64) -> RankResult {
         RankResult {
