@@ -13,9 +13,10 @@
 # number of processes in that round (paired, so drift between rounds cancels).
 #   scripts/bench-launch.sh [ROUNDS]
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib/target-dir.sh"
 cd "$(dirname "$0")/.."
 cargo build --release -q
-tw=$PWD/target/release/threadwise
+tw=$TW_TARGET/release/threadwise
 venv=${THREADWISE_VENV:-$HOME/.cache/threadwise-venv}
 torchrun=""
 [ -x "$venv/bin/torchrun" ] && torchrun="$venv/bin/torchrun"

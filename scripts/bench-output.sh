@@ -5,10 +5,11 @@
 # prints 60 MB (the output is parsed as it streams, never kept).
 # Needs hyperfine (installed when missing).
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib/target-dir.sh"
 cd "$(dirname "$0")/.."
 command -v hyperfine >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hyperfine >/dev/null
 cargo build --release -q
-tw=$PWD/target/release/threadwise
+tw=$TW_TARGET/release/threadwise
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
 # 100 MB per rank: 1,000,000 lines of 100 bytes.

@@ -12,12 +12,13 @@
 # with nothing set); threadwise run's default; and grid points of run
 # (workers 0/1/4, policy none). WAYS="torchrun run" picks some of them.
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib/target-dir.sh"
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
 steps=${2:-10}
 shift $(( $# > 2 ? 2 : $# ))
 . scripts/torch-venv.sh
-tw=$PWD/target/release/threadwise
+tw=$TW_TARGET/release/threadwise
 ex=$PWD/examples/ddp_train.py
 args=(--steps "$steps" --warmup 3 "$@")
 out=$(mktemp -d)

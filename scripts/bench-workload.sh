@@ -8,6 +8,7 @@
 # as the first argument it also prints the PyTorch speed-up and the ratio.
 #   [WORK_SECONDS=1.5] scripts/bench-workload.sh [PYTORCH_REPORT.json] [RUNS]
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib/target-dir.sh"
 cd "$(dirname "$0")/.."
 pt=${1:-}
 runs=${2:-5}
@@ -18,9 +19,9 @@ start=$(date +%s)
 # Each round: the machine's own speed first (one rank, one thread pinned to
 # CPU 0, no workers, 3 s: a probe of this VM's drift), then every configuration once.
 for r in $(seq 1 "$runs"); do
-  OMP_NUM_THREADS=1 THREADWISE_NUM_WORKERS=0 taskset -c 0 target/release/threadwise-workload --seconds 3 2>/dev/null \
+  OMP_NUM_THREADS=1 THREADWISE_NUM_WORKERS=0 taskset -c 0 $TW_TARGET/release/threadwise-workload --seconds 3 2>/dev/null \
     | grep -o 'throughput: [0-9.]*' | cut -d' ' -f2 >>"$out/probe"
-  target/release/threadwise tune -n 2 --runs 1 --strategy all --work-seconds "${WORK_SECONDS:-1.5}" --export-json "$out/w$r.json" >/dev/null 2>"$out/err" \
+  $TW_TARGET/release/threadwise tune -n 2 --runs 1 --strategy all --work-seconds "${WORK_SECONDS:-1.5}" --export-json "$out/w$r.json" >/dev/null 2>"$out/err" \
     || { cat "$out/err"; exit 1; }
 done
 echo "built-in workload: $runs rounds of every configuration in $(( $(date +%s) - start )) s"

@@ -9,10 +9,11 @@
 # first rank start and from the SIGKILL to the survivors' next round.
 #   scripts/elastic-e2e.sh [STEPS]
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib/target-dir.sh"
 cd "$(dirname "$0")/.."
 steps=${1:-60}
 [ -n "${VIRTUAL_ENV:-}" ] || . scripts/torch-venv.sh
-tw=$PWD/target/release/threadwise
+tw=$TW_TARGET/release/threadwise
 ex=$PWD/examples/elastic_train.py
 out=$(mktemp -d)
 scripts/test-hosts.sh down >/dev/null 2>&1 || true

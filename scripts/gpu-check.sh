@@ -18,6 +18,7 @@
 # scripts/torch-venv.sh); GPU_CHECK_ARGS: more options for check.py
 # (--rounds N, --seconds S, --tune-args "...", --seed N).
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib/target-dir.sh"
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 dry=""
@@ -30,15 +31,15 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 tw=${THREADWISE:-}
 if [[ -z $tw ]]; then
-    for b in "$root/target/$(uname -m)-unknown-linux-gnu/dist/threadwise" \
-        "$root/target/dist/threadwise" "$root/target/release/threadwise"; do
+    for b in "$TW_TARGET/$(uname -m)-unknown-linux-gnu/dist/threadwise" \
+        "$TW_TARGET/dist/threadwise" "$TW_TARGET/release/threadwise"; do
         [[ -x $b ]] && { tw=$b; break; }
     done
 fi
 if [[ -z $tw ]]; then
     command -v cargo >/dev/null || { echo "gpu-check: no threadwise binary (target/dist, target/release) and no cargo to build one; set THREADWISE" >&2; exit 2; }
     (cd "$root" && cargo build --release -q)
-    tw=$root/target/release/threadwise
+    tw=$TW_TARGET/release/threadwise
 fi
 python=${PYTHON:-python3}
 if [[ -n $dry ]]; then

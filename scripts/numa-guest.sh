@@ -17,6 +17,7 @@
 # Installs what it needs when missing (qemu-system-x86, busybox-static,
 # linux-image-amd64 from Debian; virtme-ng from PyPI).
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib/target-dir.sh"
 cd "$(dirname "$0")/.."
 shape=${1:-2s2c}
 [ $# -gt 0 ] && shift
@@ -34,10 +35,10 @@ fi
 command -v vng >/dev/null || { echo "numa-guest: installing virtme-ng" >&2; pip install -q virtme-ng >&2; }
 # The binary the checks run: $TW, else a release build, else the test suite's debug one.
 if [ -z "${TW:-}" ]; then
-  for b in target/release/threadwise target/debug/threadwise; do
+  for b in $TW_TARGET/release/threadwise $TW_TARGET/debug/threadwise; do
     [ -x "$b" ] && { TW=$b; break; }
   done
-  [ -n "${TW:-}" ] || { cargo build --release >&2; TW=target/release/threadwise; }
+  [ -n "${TW:-}" ] || { cargo build --release >&2; TW=$TW_TARGET/release/threadwise; }
 fi
 kernel=$(ls /boot/vmlinuz-* | sort -V | tail -1)
 # The checks' rank that touches a buffer (the guest shares this root).

@@ -12,10 +12,11 @@
 # threadwise.apply(). Prints each throughput; fails on any error.
 #   scripts/pytorch-e2e.sh [STEPS]
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib/target-dir.sh"
 cd "$(dirname "$0")/.."
 steps=${1:-30}
 . scripts/torch-venv.sh
-tw=$PWD/target/release/threadwise
+tw=$TW_TARGET/release/threadwise
 ex=$PWD/examples/ddp_train.py
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

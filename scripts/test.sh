@@ -7,6 +7,7 @@
 # running the main job, the Python helper's pytest tests), then NUMA guests
 # (x86_64 and an aarch64 Grace-like one).
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib/target-dir.sh"
 cd "$(dirname "$0")/.."
 
 need=()
@@ -44,7 +45,7 @@ scripts/test-wheel.sh
 # `scripts/numa-guest.sh all`, with the whole aarch64 check below: CI's 20
 # minutes hold the README's main job (6 minutes) and one guest of each
 # architecture, not more.
-TW=target/debug/threadwise scripts/numa-guest.sh 2s2c
+TW=$TW_TARGET/debug/threadwise scripts/numa-guest.sh 2s2c
 # aarch64: the wheel cross-built, its binaries under qemu-user, and a
 # Grace-like guest (2 CPU nodes, 2 memory-only) where run -n 2 places ranks
 # through the real clone3 path (scripts/aarch64-check.sh; about 2.5 minutes;

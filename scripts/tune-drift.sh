@@ -12,12 +12,13 @@
 # THREADWISE: the binary to try (default: this tree's release build), so a
 # change can be compared with an older build on the same machine.
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib/target-dir.sh"
 cd "$(dirname "$0")/.."
 tunes=${1:-6}
 tw=${2:-}
 if [ -z "$tw" ]; then
     cargo build --release -q
-    tw=$PWD/target/release/threadwise
+    tw=$TW_TARGET/release/threadwise
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

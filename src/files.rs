@@ -25,7 +25,7 @@ pub(crate) enum FileError {
 }
 
 impl FileError {
-    pub(crate) fn hint(&self) -> &'static str {
+    pub(crate) fn advice(&self) -> &'static str {
         match self {
             FileError::Symlink { .. } => "give the link's target, or remove the link",
             FileError::Directory { .. } => "give a file name",
@@ -168,6 +168,15 @@ pub(crate) fn create_log(path: &Path) -> Result<File, FileError> {
                 io(path)(e)
             }
         })
+}
+
+impl crate::error::Hinted for FileError {
+    fn hint(&self) -> String {
+        self.advice().into()
+    }
+    fn kind(&self) -> crate::error::Kind {
+        crate::error::Kind::Environment
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 
 // Shared pieces every layer uses.
 mod cpuset;
+mod error;
 mod files;
 mod names;
 mod netif;

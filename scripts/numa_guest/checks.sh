@@ -2,7 +2,8 @@
 # Inside a guest of scripts/numa-guest.sh: watch the kernel, not our own
 # reading of it. Prints one line per check; exits 1 at the first failure.
 set -euo pipefail
-tw=${TW:-target/release/threadwise}
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/target-dir.sh"
+tw=${TW:-$TW_TARGET/release/threadwise}
 # The rank that touches a buffer and says where its pages are
 # (scripts/numa_guest/touch.c, built by numa-guest.sh).
 touch=${TOUCH:?TOUCH: the touch program, built by scripts/numa-guest.sh}

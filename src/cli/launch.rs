@@ -2,6 +2,7 @@
 //! (`launch::settings::RunSettings`, one node's agent settings), then the launch
 //! entry point (`launch::job`) or bind's exec; the result into an exit code.
 
+use crate::error::Hinted;
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,9 +14,9 @@ use super::settings::{load_for, request};
 use super::{Exit, Failure, settings};
 use crate::adopt::bind;
 use crate::job;
-use crate::job::settings::{ClusterSettings, JobError, RunSettings};
+use crate::job::settings::{ClusterSettings, RunSettings};
 use crate::launch::env::current;
-use crate::launch::prepare::{self, PrepareError};
+use crate::launch::prepare;
 use crate::launch::{LaunchError, resolve};
 use crate::measure::throughput::Metric;
 use crate::plan::{self, Plan, PlanRequest};
@@ -23,36 +24,6 @@ use crate::rdzv::AgentConfig;
 use crate::rdzv::auth::{self, Auth};
 use crate::top::watch::TopWatcher;
 use crate::topology::Topology;
-
-impl From<LaunchError> for Failure {
-    fn from(e: LaunchError) -> Self {
-        Failure {
-            code: e.code(),
-            message: e.to_string(),
-            hint: Some(e.hint().to_string()),
-        }
-    }
-}
-
-impl From<PrepareError> for Failure {
-    fn from(e: PrepareError) -> Self {
-        Failure {
-            code: e.code(),
-            message: e.to_string(),
-            hint: Some(e.hint()),
-        }
-    }
-}
-
-impl From<JobError> for Failure {
-    fn from(e: JobError) -> Self {
-        Failure {
-            code: e.code(),
-            message: e.to_string(),
-            hint: Some(e.hint()).filter(|h| !h.is_empty()),
-        }
-    }
-}
 
 /// How long an elastic job's rendezvous waits for more nodes once MIN have
 /// joined: --rdzv-conf's last_call_timeout, else torchrun's 30 s.

@@ -10,11 +10,14 @@ mod settings;
 mod top;
 mod topo;
 mod torchrun;
+mod torchrun_args;
 mod tune;
 mod values;
 
 use std::ffi::OsString;
 use std::io::Write;
+
+use crate::error::Hinted;
 
 pub(crate) use args::{Cli, Command, SourceArgs};
 
@@ -53,18 +56,15 @@ impl Failure {
     }
 }
 
-impl From<crate::plan::PlanError> for Failure {
-    fn from(e: crate::plan::PlanError) -> Self {
-        Failure::usage(
-            e.to_string(),
-            e.hint_here(crate::topology::probe::in_srun_step()),
-        )
-    }
-}
-
-impl From<crate::files::FileError> for Failure {
-    fn from(e: crate::files::FileError) -> Self {
-        Failure::env(e.to_string(), e.hint())
+/// Every error of the family (`crate::error`) by one conversion: its
+/// message, its hint (none when empty), its kind's exit code.
+impl<E: Hinted> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure {
+            message: e.to_string(),
+            hint: Some(e.hint()).filter(|h| !h.is_empty()),
+            code: e.code(),
+        }
     }
 }
 

@@ -18,8 +18,7 @@ use crate::topology::{Topology, TopologyError};
 /// or a dump of one (docs/reference/exit-codes.md's rule).
 pub(super) fn topology_failure(e: TopologyError) -> Failure {
     match e {
-        TopologyError::Synthetic { .. } => Failure::usage(e.to_string(), e.hint()),
-        e => Failure::env(e.to_string(), e.hint()),
+        e => e.into(),
     }
 }
 
@@ -175,7 +174,7 @@ pub(super) fn check_tune(a: &TuneCmd) -> Result<(), Failure> {
     let mut seen: Vec<&PathBuf> = vec![];
     for (flag, path) in files {
         let Some(path) = path else { continue };
-        check_output(path).map_err(|e| Failure::usage(format!("{flag}: {e}"), e.hint()))?;
+        check_output(path).map_err(|e| Failure::usage(format!("{flag}: {e}"), e.advice()))?;
         if seen.contains(&path) {
             return Err(Failure::usage(
                 format!("{flag} {}: another option writes there too", path.display()),

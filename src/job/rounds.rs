@@ -5,6 +5,7 @@
 //! (`node::supervise_node`); the job's end, its root cause and exit code are
 //! the same on every node, and on one node as on many.
 
+use crate::error::Hinted;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 

@@ -6,6 +6,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::error::{Hinted, Kind};
 use crate::launch::LaunchError;
 use crate::launch::prepare::PrepareError;
 use crate::plan::Plan;
@@ -90,20 +91,29 @@ pub(crate) enum JobError {
 }
 
 impl JobError {
-    pub(crate) fn code(&self) -> i32 {
+    pub(crate) fn kind(&self) -> Kind {
         match self {
-            JobError::Launch(e) => e.code(),
-            JobError::Prepare(e) => e.code(),
-            JobError::Cluster(e) => e.code(),
+            JobError::Launch(e) => e.kind(),
+            JobError::Prepare(e) => e.kind(),
+            JobError::Cluster(e) => e.kind(),
         }
     }
 
     /// What to do about it (empty when nothing is to be done).
-    pub(crate) fn hint(&self) -> String {
+    pub(crate) fn advice(&self) -> String {
         match self {
-            JobError::Launch(e) => e.hint().into(),
+            JobError::Launch(e) => e.hint(),
             JobError::Prepare(e) => e.hint(),
             JobError::Cluster(e) => e.hint(),
         }
+    }
+}
+
+impl crate::error::Hinted for JobError {
+    fn hint(&self) -> String {
+        self.advice()
+    }
+    fn kind(&self) -> crate::error::Kind {
+        JobError::kind(self)
     }
 }

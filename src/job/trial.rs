@@ -4,6 +4,7 @@
 //! `tune --nnodes`, the rendezvous each trial's nodes report their use to.
 //! tune's runners build no launch pipeline of their own.
 
+use crate::error::Hinted;
 use std::ffi::OsString;
 use std::net::{Ipv4Addr, TcpListener};
 use std::time::Duration;

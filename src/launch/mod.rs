@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use crate::error::Kind;
 use crate::os::{self, Placement};
 use crate::plan::{MemPolicy, Plan, RankPlan};
 
@@ -72,19 +73,19 @@ pub(crate) fn threads_work() -> Result<(), LaunchError> {
 }
 
 impl LaunchError {
-    /// The exit code: 3 where the machine refused, 2 for what the user gave.
-    pub(crate) fn code(&self) -> i32 {
+    /// The machine refused, or the user gave something wrong.
+    pub(crate) fn kind(&self) -> Kind {
         match self {
             LaunchError::Placement { .. }
             | LaunchError::LogDir { .. }
             | LaunchError::LogFile { .. }
             | LaunchError::Port(_)
-            | LaunchError::Threads(_) => 3,
-            _ => 2,
+            | LaunchError::Threads(_) => Kind::Environment,
+            _ => Kind::Usage,
         }
     }
 
-    pub(crate) fn hint(&self) -> &'static str {
+    pub(crate) fn advice(&self) -> &'static str {
         match self {
             LaunchError::NoCommand => {
                 "put the command after --: threadwise run -n 2 -- python train.py"
@@ -293,4 +294,13 @@ pub(crate) fn resolve(program: &OsString) -> Result<PathBuf, LaunchError> {
             LaunchError::NotFound(name.display().to_string())
         }
     })
+}
+
+impl crate::error::Hinted for LaunchError {
+    fn hint(&self) -> String {
+        self.advice().into()
+    }
+    fn kind(&self) -> crate::error::Kind {
+        LaunchError::kind(self)
+    }
 }

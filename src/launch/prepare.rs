@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::env::overridden;
 use super::{LaunchError, RankLaunch, check_placements};
+use crate::error::{Hinted, Kind};
 use crate::export::{quote, quote_all};
 use crate::plan::{Plan, PlanError};
 use crate::topology::{Topology, TopologyError};
@@ -44,11 +45,11 @@ pub(crate) enum PrepareError {
 
 impl PrepareError {
     /// What to do about it.
-    pub(crate) fn hint(&self) -> String {
+    pub(crate) fn advice(&self) -> String {
         match self {
-            PrepareError::Launch(e) => e.hint().into(),
-            PrepareError::Plan(e) => e.hint_here(crate::topology::probe::in_srun_step()),
-            PrepareError::Topology(e) => e.hint().into(),
+            PrepareError::Launch(e) => e.hint(),
+            PrepareError::Plan(e) => e.hint(),
+            PrepareError::Topology(e) => e.hint(),
             PrepareError::PlanUnreadable { .. } | PrepareError::PlanNotAPlan { .. } => {
                 "give a file from threadwise tune --save-plan or plan --json".into()
             }
@@ -66,18 +67,18 @@ impl PrepareError {
         }
     }
 
-    /// The exit code: 2 for what the user typed, 3 for the machine.
-    pub(crate) fn code(&self) -> i32 {
+    /// What the user typed, or the machine.
+    pub(crate) fn kind(&self) -> Kind {
         match self {
-            PrepareError::Launch(e) => e.code(),
+            PrepareError::Launch(e) => e.kind(),
             PrepareError::Plan(_)
             | PrepareError::PlanUnreadable { .. }
             | PrepareError::PlanNotAPlan { .. }
             | PrepareError::PlanInvalid { .. }
-            | PrepareError::BindCount { .. } => 2,
+            | PrepareError::BindCount { .. } => Kind::Usage,
             PrepareError::Topology(_)
             | PrepareError::PlanOtherMachine { .. }
-            | PrepareError::ErrorDir(_) => 3,
+            | PrepareError::ErrorDir(_) => Kind::Environment,
         }
     }
 }
@@ -314,4 +315,13 @@ pub(crate) fn dry_run(
         }
     }
     s
+}
+
+impl crate::error::Hinted for PrepareError {
+    fn hint(&self) -> String {
+        self.advice()
+    }
+    fn kind(&self) -> crate::error::Kind {
+        PrepareError::kind(self)
+    }
 }

@@ -66,7 +66,7 @@ pub enum PlanError {
 
 impl PlanError {
     /// What the user can do about it.
-    pub fn hint(&self) -> &'static str {
+    pub fn advice(&self) -> &'static str {
         match self {
             PlanError::EmptyAllowed => {
                 "check the cgroup cpuset and the affinity mask (threadwise topo)"
@@ -98,9 +98,9 @@ impl PlanError {
             PlanError::TooFewCpus { .. } if in_srun_step => format!(
                 "{}; under srun each task gets one CPU unless asked: give the step more with \
                  srun --cpus-per-task=N (-c N)",
-                self.hint()
+                self.advice()
             ),
-            e => e.hint().to_string(),
+            e => e.advice().to_string(),
         }
     }
 }
@@ -523,6 +523,16 @@ fn omp_reasons(req: &PlanRequest, reasons: &mut Vec<String>) {
              core and DataLoader workers forked from it inherit that one-core mask"
                 .to_string(),
         );
+    }
+}
+
+impl crate::error::Hinted for PlanError {
+    /// Under srun, a step's one CPU per task is named as the likely cause.
+    fn hint(&self) -> String {
+        self.hint_here(crate::topology::probe::in_srun_step())
+    }
+    fn kind(&self) -> crate::error::Kind {
+        crate::error::Kind::Usage
     }
 }
 

@@ -75,7 +75,8 @@ fn environment(remove: &[String], set: &BTreeMap<String, String>) -> std::io::Re
 /// Can ranks be born in the cgroup whose directory is `cgroup`? A child
 /// that exits at once, reaped here (for the dry run, before any rank).
 pub(crate) fn probe(cgroup: RawFd) -> Result<(), std::io::Error> {
-    vm::in_child(Some(cgroup), || 0)
+    // SAFETY: the child's action does nothing; it exits at once.
+    unsafe { vm::in_child(Some(cgroup), || 0) }
 }
 
 /// Set once clone3 was refused with no cgroup asked for (an old kernel, a
@@ -301,7 +302,9 @@ pub(crate) fn start(
         mem: r.placement.mem.clone(),
         handled: handled.to_vec(),
     };
-    let pid = match vm::fork(cgroup) {
+    // SAFETY: the child runs `child_main`: raw syscalls on what was
+    // prepared before the fork, then exec or exit_group.
+    let pid = match unsafe { vm::fork(cgroup) } {
         Ok(0) => child_main(&child),
         Ok(p) => p,
         Err(e) if refused(&e) => {

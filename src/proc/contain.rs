@@ -97,13 +97,15 @@ const NONE: u8 = 2;
 /// Can a process be moved into the cgroup whose `cgroup.procs` is `procs`?
 /// A child of ours tries.
 fn join_probe(procs: RawFd) -> std::io::Result<()> {
-    // SAFETY: a write of static bytes, in the forked child.
-    vm::in_child(None, || unsafe {
-        vm::raw(
-            libc::SYS_write,
-            [procs as usize, b"0".as_ptr() as usize, 1, 0],
-        )
-    })
+    // SAFETY: the child's action is one raw write of static bytes.
+    unsafe {
+        vm::in_child(None, || {
+            vm::raw(
+                libc::SYS_write,
+                [procs as usize, b"0".as_ptr() as usize, 1, 0],
+            )
+        })
+    }
 }
 
 impl JobCgroup {
@@ -294,7 +296,8 @@ impl Watchdog {
             handled: vm::handled_signals(),
             fd_limit: fd_limit(),
         };
-        let pid = vm::fork(None)?;
+        // SAFETY: the child runs `watch_main`, raw syscalls only, and exits.
+        let pid = unsafe { vm::fork(None) }?;
         if pid == 0 {
             // The child: its own copy of `args`, every signal blocked; raw
             // syscalls only.

@@ -64,7 +64,14 @@ fn restore(old: &u64) {
 /// has reset them), has its own copy of our memory and must make raw
 /// syscalls only before exec or exit; the child's pid in the parent, whose
 /// mask is as it was.
-pub(crate) fn fork(cgroup: Option<RawFd>) -> std::io::Result<i32> {
+///
+/// # Safety
+///
+/// Where this returns Ok(0) the caller is the forked child of a process that
+/// may have other threads: it must make raw syscalls only (`raw`; no
+/// allocation, no lock, no std I/O, no unwinding) and end in exec or
+/// `exit_group`, never returning into code that was not written for it.
+pub(crate) unsafe fn fork(cgroup: Option<RawFd>) -> std::io::Result<i32> {
     let args = CloneArgs {
         flags: if cgroup.is_some() {
             CLONE_INTO_CGROUP
@@ -113,11 +120,18 @@ pub(crate) fn fork(cgroup: Option<RawFd>) -> std::io::Result<i32> {
 /// Does `action` succeed in a child of ours (in `cgroup` from birth, if
 /// given)? The child runs it (a raw syscall: its result or -errno) and exits
 /// with the errno; the parent reaps it and says. For probes, before any rank.
-pub(crate) fn in_child(
+///
+/// # Safety
+///
+/// `action` runs in the forked child (see `fork`): it must make raw
+/// syscalls only, with no allocation, lock or unwinding.
+pub(crate) unsafe fn in_child(
     cgroup: Option<RawFd>,
     action: impl FnOnce() -> isize,
 ) -> std::io::Result<()> {
-    match fork(cgroup)? {
+    // SAFETY: the child runs `action`, raw syscalls only by this function's
+    // contract, then exit_group.
+    match unsafe { fork(cgroup) }? {
         0 => {
             let r = action();
             let code = if r < 0 { -r as usize } else { 0 };

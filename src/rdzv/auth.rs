@@ -275,7 +275,7 @@ pub(crate) enum AuthError {
 }
 
 impl AuthError {
-    pub(crate) fn hint(&self) -> String {
+    pub(crate) fn advice(&self) -> String {
         match self {
             AuthError::Unreadable { .. } => "give a file this user can read, the same on every node".into(),
             AuthError::Exposed { path, .. } => format!("chmod 600 {path}"),
@@ -475,6 +475,15 @@ impl Munge {
     }
 }
 
+impl crate::error::Hinted for AuthError {
+    fn hint(&self) -> String {
+        self.advice()
+    }
+    fn kind(&self) -> crate::error::Kind {
+        crate::error::Kind::Usage
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -531,7 +540,8 @@ mod tests {
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
         let e = secret_file_auth(&f).unwrap_err();
         assert!(
-            matches!(e, AuthError::Exposed { mode: 0o644, .. }) && e.hint().contains("chmod 600")
+            matches!(e, AuthError::Exposed { mode: 0o644, .. })
+                && crate::error::Hinted::hint(&e).contains("chmod 600")
         );
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
         // The file and the variable agree (a trailing newline is not the secret's).
@@ -579,7 +589,10 @@ mod tests {
             ),
             "{e:?}"
         );
-        assert!(e.to_string().contains("belongs to user 65534") && e.hint().contains("chown"));
+        assert!(
+            e.to_string().contains("belongs to user 65534")
+                && crate::error::Hinted::hint(&e).contains("chown")
+        );
     }
 
     #[test]

@@ -16,6 +16,15 @@
 pub(crate) mod agent;
 pub(crate) mod auth;
 pub(crate) mod coord;
+impl crate::error::Hinted for ClusterError {
+    fn hint(&self) -> String {
+        self.advice()
+    }
+    fn kind(&self) -> crate::error::Kind {
+        ClusterError::kind(self)
+    }
+}
+
 #[cfg(test)]
 mod door_tests;
 #[cfg(test)]
@@ -90,16 +99,17 @@ pub(crate) enum ClusterError {
 }
 
 impl ClusterError {
-    /// 3 when the job never formed, 1 when a node was lost, 128+N for a signal.
-    pub(crate) fn code(&self) -> i32 {
+    /// The job never formed, a node was lost, or a signal stopped it.
+    pub(crate) fn kind(&self) -> crate::error::Kind {
+        use crate::error::Kind;
         match self {
-            ClusterError::Lost(_) => 1,
-            ClusterError::Signal(s) => 128 + s,
-            _ => 3,
+            ClusterError::Lost(_) => Kind::Lost,
+            ClusterError::Signal(s) => Kind::Signal(*s),
+            _ => Kind::Environment,
         }
     }
 
-    pub(crate) fn hint(&self) -> String {
+    pub(crate) fn advice(&self) -> String {
         match self {
             ClusterError::Resolve(..) => {
                 "give every node an endpoint it can resolve (a host name in /etc/hosts or DNS, or an address)".into()

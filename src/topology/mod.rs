@@ -39,7 +39,7 @@ pub enum TopologyError {
 
 impl TopologyError {
     /// What to do about a topology that cannot be read.
-    pub fn hint(&self) -> &'static str {
+    pub fn advice(&self) -> &'static str {
         match self {
             TopologyError::NotARoot { .. } => {
                 "give --root a directory holding sys/ and proc/ (hwloc-gather-topology output)"
@@ -321,5 +321,18 @@ impl Topology {
         self.numa_nodes
             .iter()
             .filter(|n| n.cpus.intersects(&self.allowed_cpus))
+    }
+}
+
+impl crate::error::Hinted for TopologyError {
+    fn hint(&self) -> String {
+        self.advice().into()
+    }
+    /// A synthetic description is typed; anything else is read from the machine.
+    fn kind(&self) -> crate::error::Kind {
+        match self {
+            TopologyError::Synthetic { .. } => crate::error::Kind::Usage,
+            _ => crate::error::Kind::Environment,
+        }
     }
 }

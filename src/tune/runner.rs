@@ -3,6 +3,7 @@
 //! captured, not shown; the pids and lines as events), and turn the ranks'
 //! wait4 figures and the NVML samples into a `TrialOutcome`.
 
+use crate::error::Hinted;
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::sync::{Arc, Mutex};

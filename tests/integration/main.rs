@@ -12,6 +12,7 @@ mod elastic;
 mod gpus;
 mod hardening;
 mod hosts;
+mod layout;
 mod plans;
 mod rendezvous;
 mod run;
