@@ -352,10 +352,22 @@ pub(crate) struct RunCmd {
     pub standalone: bool,
     /// Accepted for torchrun's command lines: the ranks' output always
     /// reaches the terminal, and --log-dir writes it to files
-    #[arg(short = 't', long, value_name = "STD", hide = true)]
+    #[arg(
+        short = 't',
+        long,
+        value_name = "STD",
+        hide_short_help = true,
+        help_heading = "torchrun's command line"
+    )]
     pub tee: Option<String>,
     /// Accepted for torchrun's command lines, as --tee
-    #[arg(short = 'r', long, value_name = "STD", hide = true)]
+    #[arg(
+        short = 'r',
+        long,
+        value_name = "STD",
+        hide_short_help = true,
+        help_heading = "torchrun's command line"
+    )]
     pub redirects: Option<String>,
     /// The rest of torchrun's options
     #[command(flatten, next_help_heading = "torchrun's command line")]

@@ -191,7 +191,11 @@ pub(super) fn parse(argv: &[OsString]) -> Result<Cli, clap::Error> {
 /// variables (`pet::with_env`).
 pub(super) fn whole_tree() -> clap::Command {
     use clap::CommandFactory;
-    Cli::command().mut_subcommand("run", pet::with_env)
+    // In place, so the subcommands keep their order.
+    Cli::command().mut_subcommands(|c| match c.get_name() {
+        "run" => pet::with_env(c),
+        _ => c,
+    })
 }
 
 /// The command line with only `run`'s options built: a launch does not pay

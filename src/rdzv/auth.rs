@@ -11,8 +11,7 @@
 //!   and checks the payload and that it was made by our own user, on a host
 //!   of the same cluster (same key). munged refuses a credential decoded
 //!   twice;
-//! - `none`: open, as torchrun's c10d store is; said at start-up with how to
-//!   close it.
+//! - `none`: open, as torchrun's c10d store is (said at start-up).
 //!
 //! The host proves first (so an agent knows the host it joined holds the
 //! job's secret or MUNGE before it says more), then the agent. Both nonces
@@ -21,9 +20,8 @@
 //! nobody between them can know: derived from the secret and both nonces,
 //! or under MUNGE made by the host and sent inside its credential, which
 //! only our own user can decode (`munge -u`), once. Every later message
-//! carries a MAC under it (`proto::Seal`), so a machine in the middle that
-//! relays the handshake gains nothing: it can neither read the key nor
-//! change, inject or replay a message.
+//! carries a MAC under it (`proto::Seal`): a relay of the handshake can
+//! neither read the key nor change, inject or replay a message.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -274,22 +272,6 @@ pub(crate) enum AuthError {
     Short { from: String, len: usize },
 }
 
-impl AuthError {
-    pub(crate) fn advice(&self) -> String {
-        match self {
-            AuthError::Unreadable { .. } => "give a file this user can read, the same on every node".into(),
-            AuthError::Exposed { path, .. } => format!("chmod 600 {path}"),
-            AuthError::NotOwned { path, .. } => {
-                format!("keep the secret in a file of this user's own: chown $(id -u) {path}")
-            }
-            AuthError::Short { .. } => {
-                "make one of 32 random bytes: head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE"
-                    .into()
-            }
-        }
-    }
-}
-
 /// The secret in `text` (trailing white space dropped, so `echo` and a
 /// variable agree), from `from`.
 fn secret_of(text: &[u8], from: &str) -> Result<Auth, AuthError> {
@@ -477,7 +459,17 @@ impl Munge {
 
 impl crate::error::Hinted for AuthError {
     fn hint(&self) -> String {
-        self.advice()
+        match self {
+            AuthError::Unreadable { .. } => "give a file this user can read, the same on every node".into(),
+            AuthError::Exposed { path, .. } => format!("chmod 600 {path}"),
+            AuthError::NotOwned { path, .. } => {
+                format!("keep the secret in a file of this user's own: chown $(id -u) {path}")
+            }
+            AuthError::Short { .. } => {
+                "make one of 32 random bytes: head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE"
+                    .into()
+            }
+        }
     }
     fn kind(&self) -> crate::error::Kind {
         crate::error::Kind::Usage

@@ -644,6 +644,16 @@ fn every_exported_variable_is_documented() {
         }
     }
     walk(&root.join("src"), &mut source);
+    // torchrun's PET_ variables are named from each option's clap definition
+    // (cli/pet.rs): the binary's own `run --help` says them.
+    let help = threadwise().args(["run", "--help"]).output().unwrap();
+    for var in String::from_utf8_lossy(&help.stdout)
+        .split("[env: ")
+        .skip(1)
+    {
+        let name = var.split('=').next().unwrap_or("");
+        source.push_str(&format!("\"{name}\""));
+    }
     let documented: Vec<&str> = docs
         .split('`')
         .skip(1)
