@@ -871,3 +871,91 @@ fn run_names_each_ranks_cpus_before_their_output() {
         text(&quiet.stderr)
     );
 }
+
+/// A one-node job restarts its ranks as `torchrun --standalone` does: with
+/// `--max-restarts 1`, a script failing on attempt 0 and passing on attempt
+/// 1 exits 0, its ranks see TORCHELASTIC_RESTART_COUNT 0 then 1 (and the
+/// real TORCHELASTIC_MAX_RESTARTS), and both attempts' logs are kept; with
+/// `--max-restarts 0` the run exits with the rank's own code. (Before, one
+/// node never restarted: exit 5 and TORCHELASTIC_MAX_RESTARTS=0.)
+#[test]
+fn max_restarts_restarts_the_ranks_of_one_node() {
+    let d = tempfile::tempdir().unwrap();
+    let script = d.path().join("fail.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\necho \"rank $RANK count $TORCHELASTIC_RESTART_COUNT max $TORCHELASTIC_MAX_RESTARTS\"\n\
+         [ \"$RANK\" = 1 ] && [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && exit 5\nexit 0\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let logs = d.path().join("logs");
+    let s = script.to_str().unwrap();
+    let (out, _) = run(&[
+        "-n",
+        "2",
+        "--max-restarts",
+        "1",
+        "--log-dir",
+        logs.to_str().unwrap(),
+        "--",
+        s,
+    ]);
+    let (so, se) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{so}{se}");
+    for want in [
+        "[rank 1] rank 1 count 0 max 1",
+        "[rank 1] rank 1 count 1 max 1",
+        "[rank 0] rank 0 count 1 max 1",
+    ] {
+        assert!(so.contains(want), "{want}: {so}");
+    }
+    assert!(
+        se.contains("the ranks start again (round 1; restarts 1 of 1)"),
+        "{se}"
+    );
+    let first = std::fs::read_to_string(logs.join("rank-1.stdout")).unwrap();
+    let second = std::fs::read_to_string(logs.join("restart-1/rank-1.stdout")).unwrap();
+    assert_eq!(first, "rank 1 count 0 max 1\n");
+    assert_eq!(second, "rank 1 count 1 max 1\n");
+    // No restart allowed: the rank's own code, once.
+    let (out, _) = run(&["-n", "2", "--max-restarts", "0", "--", s]);
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
+    assert!(!text(&out.stdout).contains("count 1"));
+    // The dry run exports what the ranks will get.
+    let (out, _) = run(&["-n", "2", "--max-restarts", "3", "--dry-run", "--", s]);
+    assert!(text(&out.stdout).contains("TORCHELASTIC_MAX_RESTARTS=3"));
+}
+
+/// Ctrl-C (SIGINT) or SIGTERM ends a one-node job at once, never a restart.
+#[test]
+fn a_signal_ends_a_one_node_job_without_a_restart() {
+    let mut c = Command::new(bin())
+        .args([
+            "run",
+            "-n",
+            "2",
+            "--max-restarts",
+            "3",
+            "-q",
+            "--",
+            "sleep",
+            "30",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    let out = c.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(128 + libc::SIGTERM));
+    assert!(t.elapsed() < Duration::from_secs(8));
+    let se = text(&out.stderr);
+    assert!(
+        !se.contains("start again") && se.contains("stopped by SIGTERM"),
+        "{se}"
+    );
+}
