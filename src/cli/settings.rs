@@ -15,11 +15,9 @@ use crate::topology::{Topology, TopologyError};
 
 /// A topology that cannot be had: exit 2 when it is a value typed on the
 /// command line (`--synthetic`), 3 when it is what was read from the machine
-/// or a dump of one (docs/reference/exit-codes.md's rule).
+/// or a dump of one (its `Hinted::kind`).
 pub(super) fn topology_failure(e: TopologyError) -> Failure {
-    match e {
-        e => e.into(),
-    }
+    e.into()
 }
 
 /// Where the options say the topology comes from.

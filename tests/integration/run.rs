@@ -931,7 +931,7 @@ fn max_restarts_restarts_the_ranks_of_one_node() {
 /// Ctrl-C (SIGINT) or SIGTERM ends a one-node job at once, never a restart.
 #[test]
 fn a_signal_ends_a_one_node_job_without_a_restart() {
-    let mut c = Command::new(bin())
+    let c = Command::new(bin())
         .args([
             "run",
             "-n",
