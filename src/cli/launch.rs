@@ -2,7 +2,6 @@
 //! (`launch::settings::RunSettings`, one node's agent settings), then the launch
 //! entry point (`launch::job`) or bind's exec; the result into an exit code.
 
-use crate::error::Hinted;
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,6 +12,7 @@ use super::pet::{self, FromEnv};
 use super::settings::{load_for, request};
 use super::{Exit, Failure, settings};
 use crate::adopt::bind;
+use crate::error::Hinted;
 use crate::job;
 use crate::job::settings::{ClusterSettings, RunSettings};
 use crate::launch::env::current;
@@ -321,7 +321,7 @@ pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> 
     Ok(Exit(job::run(
         &s,
         Arc::new(super::report::Stderr {
-            top: Some(top),
+            top,
             quiet: s.quiet,
         }),
     )?))

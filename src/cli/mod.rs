@@ -158,13 +158,11 @@ fn man(sub: Option<&str>, dir: Option<&std::path::Path>) -> Result<Exit, Failure
 }
 
 /// Where `run`'s command starts in `argv`, as clap reads it (None for any
-/// other subcommand, a command line clap refuses as it stands, or when no
-/// `PET_` variable is set: then nothing needs it, and the launch is spared
-/// a second parse).
+/// other subcommand, or a command line clap refuses as it stands). Asked only
+/// where a `PET_` variable is set: otherwise nothing needs it, and the launch
+/// is spared a second parse.
 fn command_at(argv: &[OsString]) -> Option<usize> {
-    if argv.get(1).map(|a| a.as_os_str()) != Some("run".as_ref())
-        || !std::env::vars_os().any(|(k, _)| k.as_encoded_bytes().starts_with(b"PET_"))
-    {
+    if argv.get(1).map(|a| a.as_os_str()) != Some("run".as_ref()) {
         return None;
     }
     match parse_whole(argv).ok()?.command {
@@ -243,8 +241,15 @@ pub(crate) fn main() -> i32 {
     if raw.len() == 3 && raw[1] == crate::proc::contain::WATCHDOG {
         return crate::proc::contain::watchdog(std::path::Path::new(&raw[2]));
     }
-    let at = command_at(&raw);
-    let (argv, from_env) = match pet::run_args(raw, at, &env) {
+    // torchrun's variables only where one is set: the table of its options is
+    // read from run's clap definition, work a plain launch is spared.
+    let any_pet = std::env::vars_os().any(|(k, _)| k.as_encoded_bytes().starts_with(b"PET_"));
+    let at = any_pet.then(|| command_at(&raw)).flatten();
+    let pet = match any_pet {
+        true => pet::run_args(raw, at, &env),
+        false => Ok((raw, vec![])),
+    };
+    let (argv, from_env) = match pet {
         Ok(x) => x,
         Err(r) => {
             crate::say!("error: {}={}: {}", r.var, r.value, r.why);

@@ -7,7 +7,7 @@ use crate::top::watch::TopWatcher;
 
 /// `run`'s reporter.
 pub(crate) struct Stderr {
-    pub top: Option<TopWatcher>,
+    pub top: TopWatcher,
     /// No per-rank summary at the end of a round (`--quiet`).
     pub quiet: bool,
 }
@@ -15,21 +15,13 @@ pub(crate) struct Stderr {
 impl Reporter for Stderr {
     fn event(&self, e: &Event<'_>) {
         match e {
-            Event::Said { level, text } => say(*level, text),
+            Event::Said { level, text } => return say(*level, text),
             Event::RoundEnded {
                 outcome: Some(o), ..
-            } if !self.quiet => {
-                crate::say_text!(crate::launch::report::summary(o));
-                if let Some(t) = &self.top {
-                    t.event(e);
-                }
-            }
-            other => {
-                if let Some(t) = &self.top {
-                    t.event(other);
-                }
-            }
+            } if !self.quiet => crate::say_text!(crate::launch::report::summary(o)),
+            _ => {}
         }
+        self.top.event(e);
     }
 }
 

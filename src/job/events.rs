@@ -65,7 +65,8 @@ pub(crate) fn say(r: &dyn Reporter, level: Level, text: impl AsRef<str>) {
     });
 }
 
-/// A reporter that keeps nothing (tests, dry runs).
+/// A reporter that keeps nothing (tune's srun trials: their one launch is
+/// srun, whose nodes report through the rendezvous instead).
 #[derive(Debug, Default)]
 pub(crate) struct Quiet;
 

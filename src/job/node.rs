@@ -65,7 +65,7 @@ pub(crate) fn supervise_node(
     errors: &ErrorFiles,
     peer: Option<Arc<dyn Peer>>,
     (round, rank_base): (u32, usize),
-    sink: Option<LineSink>,
+    (sink, duplicate): (Option<LineSink>, &[Option<LineSink>; 2]),
     r: &Shared,
 ) -> Result<supervise::Outcome, LaunchError> {
     errors.assign(&mut launches);
@@ -82,7 +82,7 @@ pub(crate) fn supervise_node(
             show: s.show.clone(),
             sink,
             prefix_of: prefix_of(s, rank_base),
-            duplicate: duplicates(s)?,
+            duplicate: duplicate.clone(),
         },
         timeout: None,
         move_workers: s.move_workers,
@@ -116,8 +116,9 @@ fn prefix_of(
 
 /// torchrun's --duplicate-std*-filters: every line holding one of the
 /// filters, of any rank, also into DIR/filtered-stdout.log (stderr's into
-/// filtered-stderr.log), created afresh, without following a link there.
-fn duplicates(s: &RunSettings) -> Result<[Option<LineSink>; 2], LaunchError> {
+/// filtered-stderr.log), created afresh once for the whole job (every round
+/// writes on), without following a link there.
+pub(super) fn duplicates(s: &RunSettings) -> Result<[Option<LineSink>; 2], LaunchError> {
     let t = &s.torchrun;
     let mut out: [Option<LineSink>; 2] = [None, None];
     for (i, name) in ["filtered-stdout.log", "filtered-stderr.log"]

@@ -5,12 +5,12 @@
 //! (`node::supervise_node`); the job's end, its root cause and exit code are
 //! the same on every node, and on one node as on many.
 
-use crate::error::Hinted;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use super::events::{Level, Reporter, Shared, say};
-use crate::job::node::{before_start, supervise_node};
+use crate::error::Hinted;
+use crate::job::node::{before_start, duplicates, supervise_node};
 use crate::job::settings::{JobError, RunSettings};
 use crate::launch::env::{Job, current};
 use crate::launch::output::LineSink;
@@ -180,6 +180,7 @@ pub(crate) fn run(s: &RunSettings, r: Shared) -> Result<i32, JobError> {
     let report = s.cluster.as_ref().and_then(|c| c.report.clone());
     let mut node = Rounds {
         s,
+        duplicate: duplicates(s)?,
         multi,
         r: r.clone(),
         // Every node's logs under DIR/<host>, so nodes sharing a file system
@@ -308,6 +309,8 @@ struct Rounds<'a> {
     multi: bool,
     r: Shared,
     last: Last,
+    /// torchrun's filtered copies of the output, one file each for the job.
+    duplicate: [Option<LineSink>; 2],
     /// Report the node's use after each round, and global rank 0's
     /// throughput read this way (tune --nnodes).
     report: Option<Metric>,
@@ -317,7 +320,8 @@ struct Rounds<'a> {
     run_id: String,
     gpu: Option<crate::measure::gpu::GpuSampler>,
     host: String,
-    /// Failure reports and errors, said once the job is over.
+    /// Failure reports and errors of the latest round: said before the next
+    /// starts, or once the job is over.
     failures: Vec<String>,
 }
 
@@ -392,7 +396,7 @@ impl Rounds<'_> {
             &errors,
             Some(peer),
             (s.round, s.rank_offset),
-            sink,
+            (sink, &self.duplicate),
             &r,
         );
         let gpu = self.gpu.as_mut().map(|g| g.stop());

@@ -90,8 +90,8 @@ pub(crate) enum JobError {
     Cluster(#[from] ClusterError),
 }
 
-impl JobError {
-    pub(crate) fn kind(&self) -> Kind {
+impl Hinted for JobError {
+    fn kind(&self) -> Kind {
         match self {
             JobError::Launch(e) => e.kind(),
             JobError::Prepare(e) => e.kind(),
@@ -100,20 +100,11 @@ impl JobError {
     }
 
     /// What to do about it (empty when nothing is to be done).
-    pub(crate) fn advice(&self) -> String {
+    fn hint(&self) -> String {
         match self {
             JobError::Launch(e) => e.hint(),
             JobError::Prepare(e) => e.hint(),
             JobError::Cluster(e) => e.hint(),
         }
-    }
-}
-
-impl crate::error::Hinted for JobError {
-    fn hint(&self) -> String {
-        self.advice()
-    }
-    fn kind(&self) -> crate::error::Kind {
-        JobError::kind(self)
     }
 }

@@ -4,12 +4,12 @@
 //! `tune --nnodes`, the rendezvous each trial's nodes report their use to.
 //! tune's runners build no launch pipeline of their own.
 
-use crate::error::Hinted;
 use std::ffi::OsString;
 use std::net::{Ipv4Addr, TcpListener};
 use std::time::Duration;
 
 use super::events::{Event, Shared};
+use crate::error::Hinted;
 pub(crate) use crate::launch::RankLaunch;
 use crate::launch::env::{self, DEFAULT_ROLE, Job};
 use crate::launch::output::OutputOptions;
@@ -96,14 +96,11 @@ impl ReportHost {
     ) -> Result<ReportHost, String> {
         let auth = crate::rdzv::auth::for_job(None, &env::current)
             .map_err(|e| format!("{e} ({})", e.hint()))?;
-        let l = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0))
-            .map_err(|e| format!("cannot host the rendezvous: {e}"))?;
-        let port = l
-            .local_addr()
-            .map_err(|e| format!("cannot host the rendezvous: {e}"))?
-            .port();
+        let cannot = |e: std::io::Error| format!("cannot host the rendezvous: {e}");
+        let l = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).map_err(cannot)?;
+        let port = l.local_addr().map_err(cannot)?.port();
         let hosted = crate::rdzv::host(l, nnodes, id, join_timeout, heartbeat_timeout, auth)
-            .map_err(|e| format!("cannot host the rendezvous: {e}"))?;
+            .map_err(cannot)?;
         Ok(ReportHost { hosted, port })
     }
 

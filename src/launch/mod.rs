@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use crate::error::Kind;
+use crate::error::{Hinted, Kind};
 use crate::os::{self, Placement};
 use crate::plan::{MemPolicy, Plan, RankPlan};
 
@@ -72,9 +72,9 @@ pub(crate) fn threads_work() -> Result<(), LaunchError> {
         .map_err(|_| LaunchError::Threads(std::io::Error::other("a thread panicked")))
 }
 
-impl LaunchError {
+impl Hinted for LaunchError {
     /// The machine refused, or the user gave something wrong.
-    pub(crate) fn kind(&self) -> Kind {
+    fn kind(&self) -> Kind {
         match self {
             LaunchError::Placement { .. }
             | LaunchError::LogDir { .. }
@@ -85,8 +85,8 @@ impl LaunchError {
         }
     }
 
-    pub(crate) fn advice(&self) -> &'static str {
-        match self {
+    fn hint(&self) -> String {
+        let hint = match self {
             LaunchError::NoCommand => {
                 "put the command after --: threadwise run -n 2 -- python train.py"
             }
@@ -117,7 +117,8 @@ impl LaunchError {
                 "run under torchrun, srun, mpirun (Open MPI, MPICH, Intel MPI, MVAPICH) or Cray PALS, \
                  or use threadwise run"
             }
-        }
+        };
+        hint.into()
     }
 }
 
@@ -294,13 +295,4 @@ pub(crate) fn resolve(program: &OsString) -> Result<PathBuf, LaunchError> {
             LaunchError::NotFound(name.display().to_string())
         }
     })
-}
-
-impl crate::error::Hinted for LaunchError {
-    fn hint(&self) -> String {
-        self.advice().into()
-    }
-    fn kind(&self) -> crate::error::Kind {
-        LaunchError::kind(self)
-    }
 }

@@ -43,9 +43,9 @@ pub(crate) enum PrepareError {
     },
 }
 
-impl PrepareError {
+impl Hinted for PrepareError {
     /// What to do about it.
-    pub(crate) fn advice(&self) -> String {
+    fn hint(&self) -> String {
         match self {
             PrepareError::Launch(e) => e.hint(),
             PrepareError::Plan(e) => e.hint(),
@@ -68,7 +68,7 @@ impl PrepareError {
     }
 
     /// What the user typed, or the machine.
-    pub(crate) fn kind(&self) -> Kind {
+    fn kind(&self) -> Kind {
         match self {
             PrepareError::Launch(e) => e.kind(),
             PrepareError::Plan(_)
@@ -315,13 +315,4 @@ pub(crate) fn dry_run(
         }
     }
     s
-}
-
-impl crate::error::Hinted for PrepareError {
-    fn hint(&self) -> String {
-        self.advice()
-    }
-    fn kind(&self) -> crate::error::Kind {
-        PrepareError::kind(self)
-    }
 }

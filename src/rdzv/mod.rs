@@ -16,15 +16,6 @@
 pub(crate) mod agent;
 pub(crate) mod auth;
 pub(crate) mod coord;
-impl crate::error::Hinted for ClusterError {
-    fn hint(&self) -> String {
-        self.advice()
-    }
-    fn kind(&self) -> crate::error::Kind {
-        ClusterError::kind(self)
-    }
-}
-
 #[cfg(test)]
 mod door_tests;
 #[cfg(test)]
@@ -36,6 +27,7 @@ pub(crate) mod state;
 #[cfg(test)]
 mod tests;
 
+use crate::error::{Hinted, Kind};
 pub(crate) use agent::{AgentConfig, RoundEnd, run};
 pub(crate) use proto::{Report, Start};
 pub(crate) use server::Hosted;
@@ -98,10 +90,9 @@ pub(crate) enum ClusterError {
     Io(String),
 }
 
-impl ClusterError {
+impl Hinted for ClusterError {
     /// The job never formed, a node was lost, or a signal stopped it.
-    pub(crate) fn kind(&self) -> crate::error::Kind {
-        use crate::error::Kind;
+    fn kind(&self) -> Kind {
         match self {
             ClusterError::Lost(_) => Kind::Lost,
             ClusterError::Signal(s) => Kind::Signal(*s),
@@ -109,7 +100,7 @@ impl ClusterError {
         }
     }
 
-    pub(crate) fn advice(&self) -> String {
+    fn hint(&self) -> String {
         match self {
             ClusterError::Resolve(..) => {
                 "give every node an endpoint it can resolve (a host name in /etc/hosts or DNS, or an address)".into()

@@ -60,31 +60,28 @@ impl RunWatch {
         pids: &[(usize, i32)],
         log_dir: Option<String>,
     ) {
-        let (me, p, topo, command, top) = (self.clone(), &w.plan, &w.topology, &w.command, w.live);
-        {
-            let ranks = targets(p, pids, &topo.allowed_cpus);
-            let state = RunState {
-                schema: STATE_SCHEMA.into(),
-                pid: std::process::id() as i32,
-                command: command.clone(),
-                ranks: ranks.clone(),
-                log_dir: log_dir.clone(),
-            };
-            match find::write_state(&state) {
-                Ok(f) => *me.state_file.lock().unwrap_or_else(|e| e.into_inner()) = Some(f),
-                Err(e) => crate::say!("threadwise: note: top cannot find this run: {e}"),
-            }
-            if top {
-                let (watch, topo) = (me.clone(), topo.clone());
-                let h = std::thread::spawn(move || {
-                    let mut s = Sampler::new(ranks);
-                    let done = || watch.done.load(Ordering::Relaxed);
-                    if let Err(e) = ui::run(&topo, &mut s, Duration::from_secs(1), &done) {
-                        crate::say!("threadwise: the view stopped: {e}");
-                    }
-                });
-                *me.view.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
-            }
+        let ranks = targets(&w.plan, pids, &w.topology.allowed_cpus);
+        let state = RunState {
+            schema: STATE_SCHEMA.into(),
+            pid: std::process::id() as i32,
+            command: w.command.clone(),
+            ranks: ranks.clone(),
+            log_dir,
+        };
+        match find::write_state(&state) {
+            Ok(f) => *self.state_file.lock().unwrap_or_else(|e| e.into_inner()) = Some(f),
+            Err(e) => crate::say!("threadwise: note: top cannot find this run: {e}"),
+        }
+        if w.live {
+            let (watch, topo) = (self.clone(), w.topology.clone());
+            let h = std::thread::spawn(move || {
+                let mut s = Sampler::new(ranks);
+                let done = || watch.done.load(Ordering::Relaxed);
+                if let Err(e) = ui::run(&topo, &mut s, Duration::from_secs(1), &done) {
+                    crate::say!("threadwise: the view stopped: {e}");
+                }
+            });
+            *self.view.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
         }
     }
 

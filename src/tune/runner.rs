@@ -3,7 +3,6 @@
 //! captured, not shown; the pids and lines as events), and turn the ranks'
 //! wait4 figures and the NVML samples into a `TrialOutcome`.
 
-use crate::error::Hinted;
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::sync::{Arc, Mutex};
@@ -11,6 +10,7 @@ use std::time::Duration;
 
 use super::trial::Used;
 use super::{LaunchKey, TrialOutcome, TuneConfig};
+use crate::error::Hinted;
 use crate::job::trial::{self, Trial};
 use crate::job::{Event, Reporter};
 use crate::measure::gpu::{GpuSampler, JobPids};

@@ -899,6 +899,8 @@ fn max_restarts_restarts_the_ranks_of_one_node() {
         "1",
         "--log-dir",
         logs.to_str().unwrap(),
+        "--duplicate-stdout-filters",
+        "rank 1",
         "--",
         s,
     ]);
@@ -919,6 +921,12 @@ fn max_restarts_restarts_the_ranks_of_one_node() {
     let second = std::fs::read_to_string(logs.join("restart-1/rank-1.stdout")).unwrap();
     assert_eq!(first, "rank 1 count 0 max 1\n");
     assert_eq!(second, "rank 1 count 1 max 1\n");
+    // torchrun's filtered copy is one file for the job: every attempt's lines.
+    let filtered = std::fs::read_to_string(logs.join("filtered-stdout.log")).unwrap();
+    assert!(
+        filtered.contains("rank 1 count 0") && filtered.contains("rank 1 count 1"),
+        "{filtered}"
+    );
     // No restart allowed: the rank's own code, once.
     let (out, _) = run(&["-n", "2", "--max-restarts", "0", "--", s]);
     assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
