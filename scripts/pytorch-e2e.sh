@@ -195,6 +195,30 @@ if [ "${THREADWISE_E2E_RAY:-0}" = 1 ]; then
   printf '%-44s %s\n' "Ray Train + threadwise.apply()" "disjoint CPUs: $(echo $sets)"
   passed=$((passed + 1))
 fi
+# --max-restarts on one node, torchrun --standalone and threadwise run alike:
+# rank 1 fails on attempt 0 (rank 0 waits in an all-reduce and is stopped),
+# attempt 1 all-reduces and exits 0; with --max-restarts 0 the job fails.
+rs=examples/restart_train.py
+torchrun --standalone --nproc-per-node 2 --max-restarts 1 "$rs" >"$out/restart-torchrun.log" 2>&1 ||
+  { cat "$out/restart-torchrun.log"; echo "FAIL torchrun --max-restarts 1"; exit 1; }
+"$tw" run -n 2 --max-restarts 1 --log-dir "$out/restart-logs" -- python "$rs" >"$out/restart-run.log" 2>&1 ||
+  { cat "$out/restart-run.log"; echo "FAIL threadwise run --max-restarts 1"; exit 1; }
+for w in torchrun run; do
+  for want in "rank 1/2 restart 0 of 1" "rank 0/2 restart 1 all-reduce 2" "rank 1/2 restart 1 all-reduce 2"; do
+    grep -q "$want" "$out/restart-$w.log" || { cat "$out/restart-$w.log"; echo "FAIL $w: no '$want'"; exit 1; }
+  done
+done
+grep -q "restart 0 of 1" "$out/restart-logs/rank-1.stdout" && grep -q "restart 1 all-reduce 2" "$out/restart-logs/restart-1/rank-1.stdout" ||
+  { ls -R "$out/restart-logs"; echo "FAIL: each attempt's log"; exit 1; }
+set +e
+torchrun --standalone --nproc-per-node 2 --max-restarts 0 "$rs" >"$out/restart0-torchrun.log" 2>&1; c_tr=$?
+"$tw" run -n 2 --max-restarts 0 -- python "$rs" >"$out/restart0-run.log" 2>&1; c_tw=$?
+set -e
+[ "$c_tr" != 0 ] && [ "$c_tw" = 5 ] || { echo "FAIL --max-restarts 0: torchrun $c_tr, run $c_tw (want non-zero, 5)"; exit 1; }
+printf '%-44s %s\n' "--max-restarts 1 (torchrun, run)" "both exit 0 after one restart; each attempt's logs kept"
+printf '%-44s %s\n' "--max-restarts 0 (torchrun, run)" "exit $c_tr, $c_tw (run passes on the rank's own code)"
+passed=$((passed + 1))
+
 # An elastic job across three test hosts (MIN 2, MAX 3): grows, loses a host,
 # finishes; torchrun the same way, for the comparison (scripts/elastic-e2e.sh).
 scripts/elastic-e2e.sh 60 | grep -v '^step '

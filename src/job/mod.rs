@@ -50,6 +50,8 @@ pub(crate) fn dry_run(s: &RunSettings) -> Result<String, JobError> {
 /// exit code: 0, the first failing rank's own (128+N for a signal), 3 when a
 /// log was lost.
 pub(crate) fn run(s: &RunSettings, r: events::Shared) -> Result<i32, JobError> {
-    crate::launch::threads_work()?;
+    // No thread of the rendezvous starts before the ranks' bindings are
+    // tried (`prepare::check_bindings`), whose helper thread is the first:
+    // where none can start, that is where it is said.
     rounds::run(s, r)
 }
