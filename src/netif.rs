@@ -1,10 +1,67 @@
-//! Which network interface reaches the rendezvous host: the one gloo and
-//! NCCL must use for their sockets (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME).
+//! The rendezvous endpoint (`Endpoint`: HOST:PORT, parsed once, used by
+//! run, the agent and doctor), and which network interface reaches its
+//! host: the one gloo and NCCL must use for their sockets
+//! (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME).
 //! The kernel's route decides: connecting a UDP socket sends nothing and
 //! picks the source address, and getifaddrs names its interface. Both work
 //! inside a network namespace, where /sys/class/net may show another one.
 
-use std::net::{IpAddr, ToSocketAddrs, UdpSocket};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
+
+/// A rendezvous endpoint: a host (a name or an address; an IPv6 address
+/// without its brackets) and a port above 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Endpoint {
+    host: String,
+    port: u16,
+}
+
+impl Endpoint {
+    /// `HOST:PORT` (`[ADDR]:PORT` for IPv6), as every node gives it.
+    pub(crate) fn parse(s: &str) -> Result<Endpoint, String> {
+        let bad = || format!("{s:?}: expected HOST:PORT (e.g. node0:29400)");
+        let (host, port) = s.trim().rsplit_once(':').ok_or_else(bad)?;
+        let host = host.trim_matches(['[', ']']);
+        match port.parse::<u16>() {
+            Ok(port) if port > 0 && !host.is_empty() => Ok(Endpoint::new(host, port)),
+            _ => Err(bad()),
+        }
+    }
+
+    pub(crate) fn new(host: &str, port: u16) -> Endpoint {
+        Endpoint {
+            host: host.to_string(),
+            port,
+        }
+    }
+
+    pub(crate) fn host(&self) -> &str {
+        &self.host
+    }
+
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Is the host a name (not an address)?
+    pub(crate) fn is_named(&self) -> bool {
+        self.host.parse::<IpAddr>().is_err()
+    }
+
+    /// The addresses the host resolves to, with the port.
+    pub(crate) fn addrs(&self) -> std::io::Result<Vec<SocketAddr>> {
+        Ok((self.host.as_str(), self.port).to_socket_addrs()?.collect())
+    }
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.host.contains(':') {
+            true => write!(f, "[{}]:{}", self.host, self.port),
+            false => write!(f, "{}:{}", self.host, self.port),
+        }
+    }
+}
 
 /// The variables that name the interface for collectives.
 pub(crate) const IFNAME_VARS: [&str; 2] = ["GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"];
@@ -98,6 +155,34 @@ pub(crate) fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn endpoints_parse_once_and_print_as_given() {
+        for (text, host, port, back) in [
+            ("node0:29400", "node0", 29400, "node0:29400"),
+            ("[::1]:29400", "::1", 29400, "[::1]:29400"),
+            ("10.0.0.1:1", "10.0.0.1", 1, "10.0.0.1:1"),
+        ] {
+            let e = Endpoint::parse(text).unwrap();
+            assert_eq!(
+                (e.host(), e.port(), e.to_string().as_str()),
+                (host, port, back)
+            );
+        }
+        assert!(Endpoint::parse("node0:29400").unwrap().is_named());
+        assert!(!Endpoint::parse("[::1]:1").unwrap().is_named());
+        for bad in [
+            "node0",
+            "node0:",
+            ":29400",
+            "node0:0",
+            "node0:70000",
+            "node0:x",
+        ] {
+            let e = Endpoint::parse(bad).unwrap_err();
+            assert!(e.contains("expected HOST:PORT"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn loopback_routes_through_lo() {

@@ -279,9 +279,10 @@ pub(crate) struct RunCmd {
         help_heading = "Multi-node",
         long,
         alias = "rdzv_endpoint",
-        value_name = "HOST:PORT"
+        value_name = "HOST:PORT",
+        value_parser = crate::netif::Endpoint::parse
     )]
-    pub rdzv_endpoint: Option<String>,
+    pub rdzv_endpoint: Option<crate::netif::Endpoint>,
     /// Rendezvous id shared by every node of the job (default: SLURM_JOB_ID, else "none")
     #[arg(help_heading = "Multi-node", long, alias = "rdzv_id")]
     pub rdzv_id: Option<String>,

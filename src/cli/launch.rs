@@ -19,7 +19,8 @@ use crate::launch::env::current;
 use crate::launch::prepare;
 use crate::launch::{LaunchError, resolve};
 use crate::measure::throughput::Metric;
-use crate::plan::{self, Plan, PlanRequest};
+use crate::netif::Endpoint;
+use crate::plan::{self, Plan, PlanRequest, Policy};
 use crate::rdzv::AgentConfig;
 use crate::rdzv::auth::{self, Auth};
 use crate::top::watch::TopWatcher;
@@ -124,8 +125,12 @@ fn rank_command(
 
 /// How the nodes of a multi-node job know each other, said on the
 /// start-up line; open (and no note) on one node.
-fn rendezvous_auth(a: &RunCmd, notes: &mut Vec<String>) -> Result<Auth, Failure> {
-    let Some(endpoint) = &a.rdzv_endpoint else {
+fn rendezvous_auth(
+    a: &RunCmd,
+    endpoint: Option<&Endpoint>,
+    notes: &mut Vec<String>,
+) -> Result<Auth, Failure> {
+    let Some(endpoint) = endpoint else {
         if a.rdzv_secret_file.is_some() {
             return Err(Failure::usage(
                 "--rdzv-secret-file goes with a multi-node job",
@@ -136,7 +141,11 @@ fn rendezvous_auth(a: &RunCmd, notes: &mut Vec<String>) -> Result<Auth, Failure>
     };
     let auth = auth::for_job(a.rdzv_secret_file.as_deref(), &current)
         .map_err(|e| Failure::usage(e.to_string(), e.hint()))?;
-    notes.push(auth::said(&auth, endpoint, a.rdzv_secret_file.as_deref()));
+    notes.push(auth::said(
+        &auth,
+        &endpoint.to_string(),
+        a.rdzv_secret_file.as_deref(),
+    ));
     Ok(auth)
 }
 
@@ -159,10 +168,47 @@ fn print_completion(shell: &str) -> Result<Exit, Failure> {
     super::emit(&String::from_utf8_lossy(&out))
 }
 
+/// What `run`'s options come to beyond themselves, derived once from the
+/// parsed options (which stay as clap typed them): the ranks' command
+/// (torchrun's forms resolved), the rendezvous and MASTER_PORT (torchrun's
+/// static shape), the grace (torchrun's spelling of it).
+struct Derived {
+    command: Vec<OsString>,
+    program: PathBuf,
+    endpoint: Option<Endpoint>,
+    master_port: Option<u16>,
+    grace: Duration,
+}
+
+/// The rendezvous endpoint and the ranks' MASTER_PORT: as given; or, in
+/// torchrun's static shape (node ranks and a master, no endpoint, as
+/// Kubeflow's trainer v2 gives), the rendezvous at MASTER_ADDR:MASTER_PORT
+/// and the ranks' MASTER_PORT a free port of node 0 (torchrun's static
+/// backend does the same).
+fn rendezvous_of(a: &RunCmd, notes: &mut Vec<String>) -> (Option<Endpoint>, Option<u16>) {
+    match (&a.rdzv_endpoint, a.master_port) {
+        (None, Some(port)) if a.plan.nnodes.max > 1 => {
+            let endpoint = Endpoint::new(&a.master_addr, port);
+            notes.push(format!(
+                "no --rdzv-endpoint: the rendezvous is at the master {endpoint} (torchrun's \
+                 static shape); the ranks' MASTER_PORT is a port free on node 0"
+            ));
+            (Some(endpoint), None)
+        }
+        (endpoint, port) => (endpoint.clone(), port),
+    }
+}
+
 /// The agent's settings from the options; the run id defaults to Slurm's job id.
-fn agent_config(a: &RunCmd, nproc: usize, auth: Auth) -> AgentConfig {
+fn agent_config(
+    a: &RunCmd,
+    d: &Derived,
+    endpoint: Endpoint,
+    nproc: usize,
+    auth: Auth,
+) -> AgentConfig {
     AgentConfig {
-        endpoint: a.rdzv_endpoint.clone().unwrap_or_default(),
+        endpoint,
         nnodes: a.plan.nnodes.max,
         min_nodes: a.plan.nnodes.min,
         last_call: last_call(a),
@@ -182,12 +228,12 @@ fn agent_config(a: &RunCmd, nproc: usize, auth: Auth) -> AgentConfig {
             .unwrap_or_else(|| "none".into()),
         nproc,
         max_restarts: a.max_restarts,
-        master_port: a.master_port,
+        master_port: d.master_port,
         join_timeout: join_timeout(a),
         heartbeat_timeout: a.heartbeat_timeout,
         host: crate::os::hostname(),
         local_addr: a.torchrun.local_addr.clone(),
-        linger: a.grace + std::time::Duration::from_secs(3),
+        linger: d.grace + std::time::Duration::from_secs(3),
         auth,
     }
 }
@@ -195,7 +241,7 @@ fn agent_config(a: &RunCmd, nproc: usize, auth: Auth) -> AgentConfig {
 /// The run's settings: what the user typed, checked, with the plan made.
 fn run_settings(
     a: RunCmd,
-    program: PathBuf,
+    d: Derived,
     plan: Plan,
     topology: Topology,
     auth: Auth,
@@ -208,18 +254,20 @@ fn run_settings(
             })?),
             false => None,
         };
-    let cluster = (a.plan.nnodes.max > 1 || a.rdzv_endpoint.is_some()).then(|| ClusterSettings {
-        agent: agent_config(&a, plan.nproc, auth),
+    // A multi-node job has its endpoint (`settings::check_run`); one node
+    // given one joins a rendezvous of one.
+    let cluster = d.endpoint.clone().map(|endpoint| ClusterSettings {
+        agent: agent_config(&a, &d, endpoint, plan.nproc, auth),
         report,
     });
     Ok(RunSettings {
-        command: a.command,
-        program,
+        command: d.command,
+        program: d.program,
         plan,
         topology,
         master_addr: a.master_addr,
-        master_port: a.master_port,
-        grace: a.grace,
+        master_port: d.master_port,
+        grace: d.grace,
         prefix: !a.no_prefix,
         // The live view takes the terminal; the output still goes to the logs.
         show: if a.top {
@@ -238,10 +286,13 @@ fn run_settings(
     })
 }
 
-/// The plan request: the plan options, or the JSON tune --nnodes hands over.
-fn run_request(a: &RunCmd) -> Result<PlanRequest, Failure> {
+/// The plan request: the plan options (with torchrun's `--numa-binding` as
+/// the policy), or the JSON tune --nnodes hands over.
+fn run_request(a: &RunCmd, policy: Option<Policy>) -> Result<PlanRequest, Failure> {
     let Some(json) = &a.plan_request else {
-        return Ok(request(&a.plan));
+        let mut req = request(&a.plan);
+        req.policy = policy.unwrap_or(req.policy);
+        return Ok(req);
     };
     let mut req: PlanRequest = serde_json::from_str(json).map_err(|e| {
         Failure::usage(
@@ -253,7 +304,7 @@ fn run_request(a: &RunCmd) -> Result<PlanRequest, Failure> {
     Ok(req)
 }
 
-pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> {
+pub(super) fn run(a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> {
     if let Some(shell) = a.torchrun.print_completion.clone() {
         return print_completion(&shell);
     }
@@ -272,29 +323,14 @@ pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> 
     let on_path = |p: &str| which::which(p).is_ok();
     let is_file = |p: &OsStr| std::path::Path::new(p).is_file();
     let (command, form) = rank_command(&a, &on_path, &is_file)?;
-    a.command = command;
-    let program = resolve(&a.command[0])?;
+    let program = resolve(&command[0])?;
     // What came from torchrun's environment, said at start-up and in the dry run.
     let mut notes: Vec<String> = pet::said(from_env).into_iter().collect();
     notes.extend(form);
-    let torchrun = super::torchrun::apply(&mut a, &mut notes)?;
-    // torchrun's static shape (node ranks and a master, no endpoint, as
-    // Kubeflow's trainer v2 gives): the rendezvous at MASTER_ADDR:MASTER_PORT,
-    // the ranks' MASTER_PORT a free port of node 0 (torchrun's static backend
-    // does the same).
-    if a.plan.nnodes.max > 1
-        && a.rdzv_endpoint.is_none()
-        && let Some(port) = a.master_port.take()
-    {
-        let endpoint = format!("{}:{port}", a.master_addr);
-        notes.push(format!(
-            "no --rdzv-endpoint: the rendezvous is at the master {endpoint} (torchrun's static \
-             shape); the ranks' MASTER_PORT is a port free on node 0"
-        ));
-        a.rdzv_endpoint = Some(endpoint);
-    }
-    settings::check_run(&a)?;
-    let req = run_request(&a)?;
+    let torchrun = super::torchrun::apply(&a, &mut notes)?;
+    let (endpoint, master_port) = rendezvous_of(&a, &mut notes);
+    settings::check_run(&a, endpoint.as_ref())?;
+    let req = run_request(&a, torchrun.policy)?;
     let t = load_for(&a.source, a.dry_run)?;
     let p = match &a.plan_file {
         Some(path) => prepare::saved_plan(path, &t)?,
@@ -302,10 +338,17 @@ pub(super) fn run(mut a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> 
     };
     settings::check_run_plan(&a, p.nproc)?;
     let (dry, doctor) = (a.dry_run, !a.no_doctor);
-    let auth = rendezvous_auth(&a, &mut notes)?;
-    let stop_on_usr = torchrun.stop_on_usr.clone();
+    let auth = rendezvous_auth(&a, endpoint.as_ref(), &mut notes)?;
+    let stop_on_usr = torchrun.output.stop_on_usr.clone();
     let live = a.top;
-    let s = run_settings(a, program, p, t, auth, torchrun)?;
+    let d = Derived {
+        command,
+        program,
+        endpoint,
+        master_port,
+        grace: torchrun.grace.unwrap_or(a.grace),
+    };
+    let s = run_settings(a, d, p, t, auth, torchrun.output)?;
     if dry {
         let lines: String = notes.iter().map(|n| format!("{n}\n")).collect();
         return super::emit(&format!("{lines}{}", job::dry_run(&s)?));

@@ -83,9 +83,13 @@ pub(super) fn request(a: &PlanArgs) -> PlanRequest {
     }
 }
 
-/// `run` before planning: a multi-node job needs its rendezvous endpoint.
-pub(super) fn check_run(a: &RunCmd) -> Result<(), Failure> {
-    if a.plan.nnodes.max > 1 && a.rdzv_endpoint.is_none() {
+/// `run` before planning: a multi-node job needs its rendezvous endpoint
+/// (given, or torchrun's static shape's).
+pub(super) fn check_run(
+    a: &RunCmd,
+    endpoint: Option<&crate::netif::Endpoint>,
+) -> Result<(), Failure> {
+    if a.plan.nnodes.max > 1 && endpoint.is_none() {
         return Err(Failure::usage(
             format!("--nnodes {} needs --rdzv-endpoint HOST:PORT", a.plan.nnodes),
             "every node gives the same endpoint, e.g. --rdzv-endpoint node0:29400",
@@ -100,17 +104,6 @@ pub(super) fn check_run(a: &RunCmd) -> Result<(), Failure> {
             ),
             "drop --node-rank: the rendezvous numbers the nodes each round (its host's node first)",
         ));
-    }
-    if let Some(e) = &a.rdzv_endpoint {
-        let ok = e
-            .rsplit_once(':')
-            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
-        if !ok {
-            return Err(Failure::usage(
-                format!("--rdzv-endpoint {e:?}: expected HOST:PORT"),
-                "e.g. --rdzv-endpoint node0:29400",
-            ));
-        }
     }
     Ok(())
 }

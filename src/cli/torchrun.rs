@@ -60,9 +60,19 @@ pub(super) fn inert_notes(a: &RunCmd) -> Vec<String> {
     notes
 }
 
+/// What torchrun's options change: the run's output and variables, and the
+/// spellings of threadwise's own options (`--numa-binding` is a `--policy`,
+/// `--shutdown-timeout` the `--grace`), which win over them.
+#[derive(Debug)]
+pub(super) struct Applied {
+    pub output: TorchrunOutput,
+    pub policy: Option<Policy>,
+    pub grace: Option<Duration>,
+}
+
 /// What torchrun's options change in the run, and notes said once (at
-/// start-up and by `--dry-run`).
-pub(super) fn apply(a: &mut RunCmd, notes: &mut Vec<String>) -> Result<TorchrunOutput, Failure> {
+/// start-up and by `--dry-run`); the parsed options are left as they are.
+pub(super) fn apply(a: &RunCmd, notes: &mut Vec<String>) -> Result<Applied, Failure> {
     let t = a.torchrun.clone();
     notes.extend(inert_notes(a));
     let mut inert = vec![];
@@ -93,21 +103,19 @@ pub(super) fn apply(a: &mut RunCmd, notes: &mut Vec<String>) -> Result<TorchrunO
             inert.join(", ")
         ));
     }
-    if let Some(mode) = &t.numa_binding {
-        let policy = match mode.as_str() {
-            "node" => Policy::Node,
-            "socket" => Policy::Socket,
-            "core-complex" => Policy::L3,
-            _ => Policy::Exclusive,
-        };
-        a.plan.policy = policy;
+    let policy = t.numa_binding.as_deref().map(|mode| match mode {
+        "node" => Policy::Node,
+        "socket" => Policy::Socket,
+        "core-complex" => Policy::L3,
+        _ => Policy::Exclusive,
+    });
+    if let (Some(mode), Some(policy)) = (&t.numa_binding, policy) {
         notes.push(format!(
             "--numa-binding {mode}: threadwise's --policy {policy} (each rank on its GPU's NUMA \
              node, its cores its own where the policy says so)"
         ));
     }
     if let Some(secs) = t.shutdown_timeout {
-        a.grace = Duration::from_secs(secs.into());
         notes.push(format!(
             "--shutdown-timeout {secs}: {secs} s between SIGTERM and SIGKILL (threadwise's --grace)"
         ));
@@ -193,12 +201,18 @@ pub(super) fn apply(a: &mut RunCmd, notes: &mut Vec<String>) -> Result<TorchrunO
             Some(d)
         }
     };
-    Ok(TorchrunOutput {
-        env,
-        prefix_template,
-        duplicate,
-        dup_dir,
-        stop_on_usr,
+    Ok(Applied {
+        output: TorchrunOutput {
+            env,
+            prefix_template,
+            duplicate,
+            dup_dir,
+            stop_on_usr,
+        },
+        policy,
+        grace: t
+            .shutdown_timeout
+            .map(|secs| Duration::from_secs(secs.into())),
     })
 }
 

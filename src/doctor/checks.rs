@@ -297,29 +297,29 @@ pub(super) fn network(sys: &dyn Sys, topo: &Topology, req: &Request, out: &mut V
         );
     }
     if let Some(ep) = &req.rdzv_endpoint {
-        let parsed = ep
-            .rsplit_once(':')
-            .and_then(|(h, p)| Some((h.trim_matches(['[', ']']), p.parse::<u16>().ok()?)));
-        let f = match parsed {
-            None => Finding::new(
+        let f = match crate::netif::Endpoint::parse(ep) {
+            Err(_) => Finding::new(
                 "network.rdzv",
                 Area::Network,
                 Severity::Fail,
                 format!("--rdzv-endpoint {ep:?} is not HOST:PORT"),
             )
             .fix("--rdzv-endpoint node0:29400"),
-            Some((host, port)) => match sys.resolve(host, port) {
+            Ok(to) => match sys.resolve(to.host(), to.port()) {
                 Ok(()) => Finding::new(
                     "network.rdzv",
                     Area::Network,
                     Severity::Ok,
-                    format!("the rendezvous host {host} resolves"),
+                    format!("the rendezvous host {} resolves", to.host()),
                 ),
                 Err(e) => Finding::new(
                     "network.rdzv",
                     Area::Network,
                     Severity::Fail,
-                    format!("the rendezvous host {host} does not resolve: every node would wait, then time out"),
+                    format!(
+                        "the rendezvous host {} does not resolve: every node would wait, then time out",
+                        to.host()
+                    ),
                 )
                 .evidence(e)
                 .fix("use an address every node can reach, or add the name to DNS or /etc/hosts"),
@@ -361,8 +361,8 @@ fn ifname_route(sys: &dyn Sys, req: &Request, out: &mut Vec<Finding>) {
     let host = req
         .rdzv_endpoint
         .as_deref()
-        .and_then(|e| e.rsplit_once(':'))
-        .map(|(h, _)| h.trim_matches(['[', ']']).to_string())
+        .and_then(|e| crate::netif::Endpoint::parse(e).ok())
+        .map(|e| e.host().to_string())
         .or_else(|| sys.env("MASTER_ADDR"));
     let Some(host) = host else { return };
     let Some(via) = sys.route(&host) else { return };

@@ -88,10 +88,7 @@ fn guess(cfg: &AgentConfig, p: &Plan) -> Start {
         nnodes: cfg.nnodes,
         rank_offset: node * p.nproc,
         world_size: cfg.nnodes * p.nproc,
-        master_addr: cfg
-            .endpoint
-            .rsplit_once(':')
-            .map_or(String::new(), |(h, _)| h.to_string()),
+        master_addr: cfg.endpoint.host().to_string(),
         master_port: cfg.master_port.unwrap_or(0),
         max_restarts: cfg.max_restarts,
         hosts: vec![],
@@ -144,7 +141,8 @@ pub(crate) fn dry_run(s: &RunSettings, cfg: &AgentConfig) -> String {
 /// secret, MASTER_ADDR and MASTER_PORT as given (or a free port).
 fn one_node(s: &RunSettings) -> AgentConfig {
     AgentConfig {
-        endpoint: "(this process)".into(),
+        // Not dialled: the coordinator is in the process.
+        endpoint: crate::netif::Endpoint::new(&s.master_addr, s.master_port.unwrap_or(0)),
         nnodes: 1,
         min_nodes: 1,
         last_call: std::time::Duration::ZERO,

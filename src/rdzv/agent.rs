@@ -6,9 +6,7 @@
 //! socket, a reader thread and a heartbeat thread, both joined on every path.
 
 use std::io::BufReader;
-use std::net::{
-    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
-};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -26,7 +24,7 @@ use crate::proc::signals::{self, SignalPipe};
 #[derive(Debug, Clone)]
 pub(crate) struct AgentConfig {
     /// HOST:PORT of the rendezvous.
-    pub endpoint: String,
+    pub endpoint: crate::netif::Endpoint,
     /// The most nodes (`--nnodes N`, or MAX of `MIN:MAX`).
     pub nnodes: usize,
     /// The fewest (MIN; `nnodes` for a fixed job).
@@ -110,10 +108,8 @@ impl Peer for Link {
 /// only: the others reach it at another address, so it listens on every
 /// address of the port, as torchrun's c10d store does. A loopback address
 /// typed as such stays loopback (agents on one machine).
-fn host_listener(endpoint: &str, addrs: &[SocketAddr]) -> Option<TcpListener> {
-    let named = endpoint
-        .rsplit_once(':')
-        .is_some_and(|(h, _)| h.trim_matches(['[', ']']).parse::<IpAddr>().is_err());
+fn host_listener(endpoint: &crate::netif::Endpoint, addrs: &[SocketAddr]) -> Option<TcpListener> {
+    let named = endpoint.is_named();
     addrs.iter().find_map(|a| {
         let mut a = *a;
         if named && a.ip().is_loopback() {
@@ -173,7 +169,7 @@ fn enter(
         }
         if t0.elapsed() >= cfg.join_timeout {
             return Err(ClusterError::Unreachable {
-                endpoint: cfg.endpoint.clone(),
+                endpoint: cfg.endpoint.to_string(),
                 secs: cfg.join_timeout.as_secs(),
                 why: last,
             });
@@ -352,11 +348,10 @@ pub(crate) fn run(
     round: impl FnMut(&Start, Arc<dyn Peer>) -> RoundEnd,
 ) -> Result<JobEnd, ClusterError> {
     let pipe = SignalPipe::get().map_err(|e| ClusterError::Io(e.to_string()))?;
-    let addrs: Vec<SocketAddr> = cfg
+    let addrs = cfg
         .endpoint
-        .to_socket_addrs()
-        .map_err(|e| ClusterError::Resolve(cfg.endpoint.clone(), e.to_string()))?
-        .collect();
+        .addrs()
+        .map_err(|e| ClusterError::Resolve(cfg.endpoint.to_string(), e.to_string()))?;
     let hosted = match host_listener(&cfg.endpoint, &addrs) {
         Some(l) => Some(
             server::start(l, coordinator(cfg), cfg.auth.clone())
@@ -396,7 +391,7 @@ fn join_and_run(
     let link = Arc::new(Link {
         state: Mutex::new(AgentState::new(
             &cfg.host,
-            &cfg.endpoint,
+            &cfg.endpoint.to_string(),
             cfg.join_timeout,
             cfg.heartbeat_timeout,
             Instant::now(),
@@ -405,7 +400,7 @@ fn join_and_run(
         todo,
     });
     let read = {
-        let (link, e) = (link.clone(), cfg.endpoint.clone());
+        let (link, e) = (link.clone(), cfg.endpoint.to_string());
         std::thread::Builder::new()
             .name("rdzv-agent-read".into())
             .spawn(move || reader(link, from_host, recv, e))

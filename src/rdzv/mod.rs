@@ -16,10 +16,6 @@
 pub(crate) mod agent;
 pub(crate) mod auth;
 pub(crate) mod coord;
-#[cfg(test)]
-mod door_tests;
-#[cfg(test)]
-mod fuzz_tests;
 pub(crate) mod local;
 pub(crate) mod proto;
 mod server;

@@ -34,5 +34,3 @@ pub(crate) const DEFAULT_BLOCKS: usize = 4;
 
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod tests_model;

@@ -569,6 +569,4 @@ impl Coordinator {
 
 mod admit;
 #[cfg(test)]
-mod elastic_tests;
-#[cfg(test)]
 mod tests;

@@ -1,5 +1,7 @@
 //! The coordinator driven with made-up nodes and instants.
 
+mod elastic;
+
 use super::*;
 
 fn hello(host: &str, nproc: usize, hosting: bool, port: u16) -> Hello {

@@ -3,6 +3,9 @@
 //! heartbeat are the real ones; only the ranks are stand-ins (the `round`
 //! closure), which say what a supervisor would.
 
+mod door;
+mod fuzz;
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
@@ -25,7 +28,7 @@ pub(super) fn config(
     node_rank: Option<usize>,
 ) -> AgentConfig {
     AgentConfig {
-        endpoint: format!("127.0.0.1:{port}"),
+        endpoint: crate::netif::Endpoint::new("127.0.0.1", port),
         nnodes,
         min_nodes: nnodes,
         last_call: Duration::ZERO,

@@ -1,3 +1,4 @@
+mod model;
 use std::collections::HashMap;
 use std::time::Duration;
 

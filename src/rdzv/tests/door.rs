@@ -9,9 +9,9 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::auth::{self, Auth, Side};
-use super::proto::{self, Hello, PROTOCOL, Start, ToAgent, ToHost};
-use super::{AgentConfig, ClusterError, JobEnd, coord, run, server};
+use super::super::auth::{self, Auth, Side};
+use super::super::proto::{self, Hello, PROTOCOL, Start, ToAgent, ToHost};
+use super::super::{AgentConfig, ClusterError, JobEnd, coord, run, server};
 use crate::launch::supervise::Peer;
 
 const SECRET: &str = "the job's own secret, 32 bytes long";
@@ -25,7 +25,7 @@ fn config(port: u16, host: &str, a: Auth) -> AgentConfig {
     AgentConfig {
         run_id: "door".into(),
         auth: a,
-        ..super::tests::config(port, 2, host, None)
+        ..super::config(port, 2, host, None)
     }
 }
 
@@ -433,7 +433,7 @@ fn a_machine_in_the_middle_that_changes_a_byte_is_found_out() {
     let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ran2 = ran.clone();
     let cfg = AgentConfig {
-        endpoint: format!("127.0.0.1:{mid}"),
+        endpoint: crate::netif::Endpoint::new("127.0.0.1", mid),
         ..config(port, "b", secret(SECRET))
     };
     let b = std::thread::spawn(move || {

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::tests::{configs, opts};
-use super::*;
+use super::super::*;
+use super::{configs, opts};
 use crate::measure::throughput::Metric;
 
 /// A machine whose speed steps 1.5x before trial `step`: each configuration's

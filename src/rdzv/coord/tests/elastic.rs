@@ -1,7 +1,7 @@
 //! The coordinator of an elastic job (`--nnodes MIN:MAX`), driven with
 //! made-up nodes and instants.
 
-use super::*;
+use super::super::*;
 
 fn hello(host: &str, hosting: bool) -> Hello {
     Hello {

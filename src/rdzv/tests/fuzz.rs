@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
-use super::coord::{Coordinator, Out};
-use super::proto::{self, Failure, Hello, Start, ToAgent, ToHost};
-use super::state::{Action, AgentState, Event};
+use super::super::coord::{Coordinator, Out};
+use super::super::proto::{self, Failure, Hello, Start, ToAgent, ToHost};
+use super::super::state::{Action, AgentState, Event};
 use crate::launch::machine::Exit;
 use crate::launch::supervise::LocalFailure;
 
