@@ -230,3 +230,34 @@ fn the_rendezvous_and_the_launch_are_reached_through_their_doors() {
     }
     assert!(wrong.is_empty(), "reached past a door: {wrong:#?}");
 }
+
+/// Unit tests have one layout: a module's tests are its child `tests`
+/// (inline, `tests.rs`, or a `tests/` folder), never a sibling of another
+/// name (`door_tests.rs`, `tests_model.rs`).
+#[test]
+fn unit_tests_have_one_layout() {
+    let mut odd = vec![];
+    fn walk(dir: &Path, odd: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, odd);
+                continue;
+            }
+            let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+            let in_tests = p
+                .parent()
+                .and_then(|d| d.file_name())
+                .is_some_and(|d| d == "tests");
+            let rust = p.extension().is_some_and(|x| x == "rs");
+            if rust && stem.contains("test") && stem != "tests" && !in_tests {
+                odd.push(p.display().to_string());
+            }
+        }
+    }
+    walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut odd);
+    assert!(
+        odd.is_empty(),
+        "test files outside a `tests` module: {odd:?}"
+    );
+}
