@@ -39,6 +39,18 @@ check "threadwise run" "$out/run.log"
 torchrun --standalone --nproc-per-node 2 --no-python "$tw" bind -- python "$ex" --steps "$steps" >"$out/bind.log" 2>&1
 check "torchrun --no-python threadwise bind" "$out/bind.log"
 
+# Under mpirun on one node, bind gives torch's env:// what Open MPI does not:
+# MASTER_ADDR and MASTER_PORT (a real 2-rank gloo process group forms).
+mpirun --allow-run-as-root --oversubscribe -np 2 -x PATH "$tw" bind -- python -c '
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+print(f"mpirun rank {dist.get_rank()}/{dist.get_world_size()} at {os.environ[\"MASTER_ADDR\"]}:{os.environ[\"MASTER_PORT\"]} all-reduce {t.item():.0f}", flush=True)
+dist.destroy_process_group()' >"$out/mpirun.log" 2>&1 || { cat "$out/mpirun.log"; echo "FAIL mpirun + bind: no process group"; exit 1; }
+[ "$(grep -c 'all-reduce 3' "$out/mpirun.log")" = 2 ] || { cat "$out/mpirun.log"; echo "FAIL mpirun + bind"; exit 1; }
+printf '%-44s %s\n' "mpirun -np 2 threadwise bind (gloo)" "$(grep -o 'at [0-9.:]* all-reduce 3' "$out/mpirun.log" | head -1)"
+
 # top --all finds the ranks real torchrun started through threadwise bind.
 torchrun --standalone --nproc-per-node 2 --no-python "$tw" bind -- python "$ex" --steps "$steps" >"$out/bind-top.log" 2>&1 &
 tr=$!
@@ -102,7 +114,7 @@ PY
 # The guides' mp.spawn DDP example, plain and with the one-line change
 # (`import threadwise as mp`), alternating, 3 rounds each: each child's CPUs
 # and threads, and the median throughput of each.
-passed=8
+passed=9
 python - "$out" <<'PY'
 import re, statistics, subprocess, sys
 out = sys.argv[1]

@@ -14,13 +14,89 @@ use crate::launch::{RankLaunch, rank_launch};
 use crate::plan::{self, NProc, Plan, PlanRequest};
 use crate::topology::Topology;
 
-/// `bind`: the node plan every sibling under the launcher computes alike, and
-/// this rank's launch of `command` (with LOCAL_RANK, LOCAL_WORLD_SIZE, RANK
-/// and WORLD_SIZE added where the launcher did not set them).
-/// `given`: the local rank and size the caller names (`--local-rank`,
-/// `--local-world-size`), in place of a launcher's variables.
-/// torchrun's default port, where `bind --local-rank` makes a one-node job.
+/// torchrun's default MASTER_PORT, where bind makes a one-node job's (and
+/// where MASTER_ADDR is given without it).
 pub(crate) const STANDALONE_PORT: u16 = 29500;
+
+/// What torch's `env://` needs that this rank's launcher did not set, by one
+/// rule for every launcher bind detects (docs/reference/environment.md):
+/// LOCAL_RANK and LOCAL_WORLD_SIZE; RANK and WORLD_SIZE where the launcher
+/// numbers its ranks; MASTER_ADDR and MASTER_PORT
+/// - under torchrun: its own;
+/// - under Slurm: the step's first node, 15000 + the job id's last 4 digits;
+/// - with every rank on this node (the launcher's world is its local size,
+///   or the caller numbered local ranks alone): 127.0.0.1 and 29500, as a
+///   one-node torchrun would;
+/// - with ranks on other nodes too and no way to know which host runs rank 0:
+///   MASTER_ADDR must be set (refused before anything starts, naming it),
+///   and MASTER_PORT is then 29500 where unset.
+///
+/// Only variables unset in `current` are returned.
+fn torchrun_vars(
+    launcher: &detect::Launcher,
+    given: Option<(usize, usize)>,
+    current: &dyn Fn(&str) -> Option<String>,
+) -> Result<BTreeMap<String, String>, PrepareError> {
+    let mut out = BTreeMap::new();
+    let mut add = |k: &str, v: String| {
+        if current(k).is_none() {
+            out.insert(k.to_string(), v);
+        }
+    };
+    let local = launcher.local_size;
+    add("LOCAL_RANK", launcher.local_rank.to_string());
+    add("LOCAL_WORLD_SIZE", local.to_string());
+    // The world, where the launcher (or the caller's WORLD_SIZE) says it.
+    let world = match (launcher.global, given) {
+        (Some((rank, world)), _) => {
+            add("RANK", rank.to_string());
+            add("WORLD_SIZE", world.to_string());
+            Some(world)
+        }
+        (None, Some(_)) if current("RANK").is_none() && current("WORLD_SIZE").is_none() => {
+            // Ranks the caller numbered with --local-rank, and nothing else
+            // numbered: one node, as torchrun --standalone would make it.
+            add("RANK", launcher.local_rank.to_string());
+            add("WORLD_SIZE", local.to_string());
+            Some(local)
+        }
+        (None, _) => current("WORLD_SIZE").and_then(|w| w.trim().parse::<usize>().ok()),
+    };
+    match (launcher.name, world) {
+        ("torchrun", _) => {}
+        ("Slurm", _) => {
+            let (addr, port) = detect::slurm_master(current);
+            if let Some(a) = addr {
+                add("MASTER_ADDR", a);
+            }
+            if let Some(p) = port {
+                add("MASTER_PORT", p.to_string());
+            }
+        }
+        (_, Some(w)) if w <= local => {
+            add("MASTER_ADDR", "127.0.0.1".into());
+            add("MASTER_PORT", STANDALONE_PORT.to_string());
+        }
+        (name, Some(world)) => {
+            if current("MASTER_ADDR").is_none() {
+                return Err(PrepareError::NoMaster {
+                    launcher: name.to_string(),
+                    world,
+                    local,
+                });
+            }
+            add("MASTER_PORT", STANDALONE_PORT.to_string());
+        }
+        (_, None) => {}
+    }
+    Ok(out)
+}
+
+/// `bind`: the node plan every sibling under the launcher computes alike, and
+/// this rank's launch of `command`, with what torch's `env://` needs and the
+/// launcher did not set (`torchrun_vars`). `given`: the local rank and size
+/// the caller names (`--local-rank`, `--local-world-size`), in place of a
+/// launcher's variables.
 
 pub(crate) fn bind_launch(
     mut t: Topology,
@@ -39,6 +115,8 @@ pub(crate) fn bind_launch(
         },
         None => detect::detect(current)?,
     };
+    // Refused before the plan is made, as before anything starts.
+    let extra = torchrun_vars(&launcher, given, current)?;
     if launcher.binds_ranks {
         // srun and mpirun bind each rank already: its mask is its own, not the
         // node's. Plan from what every sibling sees alike: the union of the
@@ -60,34 +138,6 @@ pub(crate) fn bind_launch(
     }
     let p = plan::plan(&t, &req, &facts(&req))?;
     let rank = &p.ranks[launcher.local_rank];
-    let mut extra = BTreeMap::new();
-    let mut add = |k: &str, v: String| {
-        if current(k).is_none() {
-            extra.insert(k.to_string(), v);
-        }
-    };
-    add("LOCAL_RANK", launcher.local_rank.to_string());
-    add("LOCAL_WORLD_SIZE", launcher.local_size.to_string());
-    if let Some((rank_no, world)) = launcher.global {
-        add("RANK", rank_no.to_string());
-        add("WORLD_SIZE", world.to_string());
-    } else if given.is_some() && current("RANK").is_none() && current("WORLD_SIZE").is_none() {
-        // Ranks the caller numbered with --local-rank, and nothing else
-        // numbered: one node, as torchrun --standalone would make it.
-        add("RANK", launcher.local_rank.to_string());
-        add("WORLD_SIZE", launcher.local_size.to_string());
-        add("MASTER_ADDR", "127.0.0.1".into());
-        add("MASTER_PORT", STANDALONE_PORT.to_string());
-    }
-    if launcher.name == "Slurm" {
-        let (addr, port) = detect::slurm_master(current);
-        if let Some(a) = addr {
-            add("MASTER_ADDR", a);
-        }
-        if let Some(p) = port {
-            add("MASTER_PORT", p.to_string());
-        }
-    }
     let l = rank_launch(rank, command, extra);
     Ok((p, l, launcher))
 }

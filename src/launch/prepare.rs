@@ -41,6 +41,15 @@ pub(crate) enum PrepareError {
         launcher: String,
         size: usize,
     },
+    #[error(
+        "MASTER_ADDR is not set: {launcher} started {world} ranks, {local} of them on this node, \
+         and does not say which host runs rank 0"
+    )]
+    NoMaster {
+        launcher: String,
+        world: usize,
+        local: usize,
+    },
 }
 
 impl Hinted for PrepareError {
@@ -64,6 +73,11 @@ impl Hinted for PrepareError {
             PrepareError::BindCount { .. } => {
                 "leave --nproc-per-node out under a launcher, or make them agree".into()
             }
+            PrepareError::NoMaster { .. } => {
+                "set MASTER_ADDR to rank 0's host for every rank (MASTER_PORT too, else 29500), \
+                 e.g. mpirun -x MASTER_ADDR=node0 -x MASTER_PORT=29500 ... threadwise bind -- ..."
+                    .into()
+            }
         }
     }
 
@@ -75,7 +89,8 @@ impl Hinted for PrepareError {
             | PrepareError::PlanUnreadable { .. }
             | PrepareError::PlanNotAPlan { .. }
             | PrepareError::PlanInvalid { .. }
-            | PrepareError::BindCount { .. } => Kind::Usage,
+            | PrepareError::BindCount { .. }
+            | PrepareError::NoMaster { .. } => Kind::Usage,
             PrepareError::Topology(_)
             | PrepareError::PlanOtherMachine { .. }
             | PrepareError::ErrorDir(_) => Kind::Environment,

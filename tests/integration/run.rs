@@ -398,6 +398,86 @@ fn open_mpi_ranks_get_their_planned_cpus() {
     assert_eq!(lines, want);
 }
 
+/// Under mpirun (and MPICH's variables) on one node, bind sets what torch's
+/// env:// needs and the launcher does not (MASTER_ADDR and MASTER_PORT, as a
+/// one-node torchrun would); where the ranks span nodes and the launcher says
+/// not which host runs rank 0, bind refuses before anything starts, naming
+/// MASTER_ADDR (exit 2); a MASTER_ADDR given is kept, MASTER_PORT defaulted.
+#[test]
+fn bind_under_mpi_launchers_sets_or_asks_for_the_master() {
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
+        .arg(bin())
+        .args([
+            "bind",
+            "--",
+            "sh",
+            "-c",
+            "echo $RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT",
+        ])
+        .env_remove("MASTER_ADDR")
+        .env_remove("MASTER_PORT")
+        .stdin(Stdio::null())
+        .output()
+        .expect("mpirun from Debian's openmpi-bin (the test command installs it)");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut lines: Vec<String> = text(&out.stdout).lines().map(str::to_string).collect();
+    lines.sort();
+    assert_eq!(lines, ["0 2 127.0.0.1 29500", "1 2 127.0.0.1 29500"]);
+    let bind = |vars: &[(&str, &str)]| {
+        let mut c = Command::new(bin());
+        c.args(["bind", "--", "sh", "-c", "echo $MASTER_ADDR $MASTER_PORT"]);
+        for k in [
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "LOCAL_RANK",
+            "SLURM_LOCALID",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+        ] {
+            c.env_remove(k);
+        }
+        c.envs(vars.iter().copied()).output().unwrap()
+    };
+    let ompi = |world: &'static str| {
+        [
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", world),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ]
+    };
+    let mpich = |world: &'static str| {
+        [
+            ("PMI_RANK", "1"),
+            ("PMI_SIZE", world),
+            ("MPI_LOCALRANKID", "1"),
+            ("MPI_LOCALNRANKS", "2"),
+        ]
+    };
+    for one_node in [ompi("2"), mpich("2")] {
+        let out = bind(&one_node);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), "127.0.0.1 29500\n");
+    }
+    for many in [ompi("4"), mpich("4")] {
+        let out = bind(&many);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("error: MASTER_ADDR is not set")
+                && err.contains("4 ranks, 2 of them on this node")
+                && err.contains("hint: set MASTER_ADDR"),
+            "{err}"
+        );
+        assert!(out.stdout.is_empty(), "nothing ran");
+        let mut with = many.to_vec();
+        with.push(("MASTER_ADDR", "node0"));
+        let out = bind(&with);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), "node0 29500\n");
+    }
+}
+
 #[test]
 fn user_environment_passes_through_and_allocator_is_a_real_file() {
     let out = Command::new(bin())
