@@ -393,6 +393,10 @@ pub(crate) struct RunCmd {
     /// Whether `--` came right before the command (set after parsing).
     #[arg(skip)]
     pub after_dashes: bool,
+    /// Whether `-n` was given (or PET_NPROC_PER_NODE), not defaulted (set
+    /// after parsing).
+    #[arg(skip)]
+    pub nproc_given: bool,
 }
 
 #[derive(Args, Debug)]

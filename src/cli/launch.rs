@@ -20,7 +20,7 @@ use crate::launch::prepare;
 use crate::launch::{LaunchError, resolve};
 use crate::measure::throughput::Metric;
 use crate::netif::Endpoint;
-use crate::plan::{self, Plan, PlanRequest, Policy};
+use crate::plan::{self, NProc, Plan, PlanRequest, Policy};
 use crate::rdzv::AgentConfig;
 use crate::rdzv::auth::{self, Auth};
 use crate::top::watch::TopWatcher;
@@ -105,15 +105,14 @@ fn rank_command(
         argv.push("-m".into());
     }
     argv.extend(cmd);
+    // The whole command, quoted as a shell would need it.
     let shown: Vec<String> = argv
         .iter()
-        .take(4)
-        .map(|s| s.to_string_lossy().into_owned())
+        .map(|s| crate::export::quote(&s.to_string_lossy()))
         .collect();
     let note = format!(
-        "torchrun's form (no --): each rank runs {}{}{}",
+        "torchrun's form (no --): each rank runs {}{}",
         shown.join(" "),
-        if argv.len() > 4 { " ..." } else { "" },
         if a.torchrun.run_path {
             " (--run-path: the script runs as __main__, in a Python of its own per rank)"
         } else {
@@ -286,12 +285,34 @@ fn run_settings(
     })
 }
 
+/// A torchrun command line put under threadwise (its form: no `--`)
+/// without `--nproc-per-node` runs what torchrun would: 1 rank, said, so
+/// replacing `torchrun` by `threadwise run` never changes the world size
+/// silently; threadwise's own form (`-- CMD`) plans `auto`.
+fn torchrun_nproc(a: &RunCmd, notes: &mut Vec<String>) -> Option<NProc> {
+    if a.after_dashes || a.nproc_given || a.plan_request.is_some() || a.plan_file.is_some() {
+        return None;
+    }
+    notes.push(
+        "torchrun's form without --nproc-per-node: 1 rank, torchrun's default (-n auto plans one \
+         per GPU, else per core; threadwise's own form, -- CMD, plans auto)"
+            .into(),
+    );
+    Some(NProc::Count(1))
+}
+
 /// The plan request: the plan options (with torchrun's `--numa-binding` as
-/// the policy), or the JSON tune --nnodes hands over.
-fn run_request(a: &RunCmd, policy: Option<Policy>) -> Result<PlanRequest, Failure> {
+/// the policy, and torchrun's default rank count in its form), or the JSON
+/// tune --nnodes hands over.
+fn run_request(
+    a: &RunCmd,
+    policy: Option<Policy>,
+    nproc: Option<NProc>,
+) -> Result<PlanRequest, Failure> {
     let Some(json) = &a.plan_request else {
         let mut req = request(&a.plan);
         req.policy = policy.unwrap_or(req.policy);
+        req.nproc = nproc.unwrap_or(req.nproc);
         return Ok(req);
     };
     let mut req: PlanRequest = serde_json::from_str(json).map_err(|e| {
@@ -330,7 +351,8 @@ pub(super) fn run(a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> {
     let torchrun = super::torchrun::apply(&a, &mut notes)?;
     let (endpoint, master_port) = rendezvous_of(&a, &mut notes);
     settings::check_run(&a, endpoint.as_ref())?;
-    let req = run_request(&a, torchrun.policy)?;
+    let nproc = torchrun_nproc(&a, &mut notes);
+    let req = run_request(&a, torchrun.policy, nproc)?;
     let t = load_for(&a.source, a.dry_run)?;
     let p = match &a.plan_file {
         Some(path) => prepare::saved_plan(path, &t)?,

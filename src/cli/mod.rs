@@ -219,7 +219,13 @@ pub(super) fn run_tree() -> clap::Command {
 /// clap's reading of `argv` through the whole tree.
 fn parse_whole(argv: &[OsString]) -> Result<Cli, clap::Error> {
     use clap::FromArgMatches;
-    Cli::from_arg_matches_mut(&mut whole_tree().try_get_matches_from(argv)?)
+    let mut m = whole_tree().try_get_matches_from(argv)?;
+    let given = m.subcommand_matches("run").is_some_and(nproc_given);
+    let mut c = Cli::from_arg_matches_mut(&mut m)?;
+    if let Command::Run(a) = &mut c.command {
+        a.nproc_given = given;
+    }
+    Ok(c)
 }
 
 fn parse_run(argv: &[OsString]) -> Result<Cli, clap::Error> {
@@ -228,9 +234,22 @@ fn parse_run(argv: &[OsString]) -> Result<Cli, clap::Error> {
     let Some((_, mut sub)) = m.remove_subcommand() else {
         return parse_whole(argv);
     };
+    let given = nproc_given(&sub);
+    let mut a = args::RunCmd::from_arg_matches_mut(&mut sub)?;
+    a.nproc_given = given;
     Ok(Cli {
-        command: Command::Run(args::RunCmd::from_arg_matches_mut(&mut sub)?),
+        command: Command::Run(a),
     })
+}
+
+/// Did the command line (or torchrun's PET_NPROC_PER_NODE) give `run` its
+/// number of ranks, rather than the default?
+fn nproc_given(m: &clap::ArgMatches) -> bool {
+    use clap::parser::ValueSource;
+    matches!(
+        m.value_source("nproc"),
+        Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+    )
 }
 
 /// Parse the arguments, run, and return the process exit code.

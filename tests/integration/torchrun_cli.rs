@@ -358,3 +358,42 @@ fn signals_to_handle_naming_sigusr1_makes_it_stop_the_job() {
         }
     }
 }
+
+/// A torchrun line with `torchrun` replaced by `threadwise run` keeps
+/// torchrun's world size: without --nproc-per-node, 1 rank (torchrun's
+/// default), said; threadwise's own form (`-- CMD`) plans auto. The start
+/// line shows the whole command each rank runs.
+#[test]
+fn a_replaced_torchrun_line_keeps_its_world_size() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("train.py"), "").unwrap();
+    let syn = ["--synthetic", "package:2 numa:2 core:4"];
+    let ranks = |args: &[&str]| {
+        let out = threadwise()
+            .current_dir(dir.path())
+            .args(["run", "--dry-run"])
+            .args(syn)
+            .args(args)
+            .env_remove("SLURM_JOB_ID")
+            .env_remove("PET_NPROC_PER_NODE")
+            .output()
+            .unwrap();
+        let text = super::stdout_ok(out);
+        let n = text
+            .lines()
+            .find(|l| l.contains(" rank(s); each inherits"))
+            .and_then(|l| l.split(' ').next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or_else(|| panic!("{args:?}: {text}"));
+        (n, text)
+    };
+    let (n, text) = ranks(&["train.py", "--lr", "0.1", "--name", "a b", "--x", "y"]);
+    assert_eq!(n, 1, "{text}");
+    assert!(text.contains("1 rank, torchrun's default"), "{text}");
+    assert!(
+        text.contains("each rank runs python -u train.py --lr 0.1 --name 'a b' --x y\n"),
+        "{text}"
+    );
+    assert_eq!(ranks(&["--nproc-per-node", "2", "train.py"]).0, 2);
+    assert_eq!(ranks(&["--", "python", "train.py"]).0, 4);
+}
