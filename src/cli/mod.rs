@@ -109,9 +109,13 @@ fn man_pages() -> Vec<(String, clap::Command)> {
     pages
 }
 
+/// A page: every option with its help, those `-h` leaves out too (a man
+/// page is the long form), and the version on its `.TH` line.
 fn render_man(cmd: clap::Command) -> Result<Vec<u8>, Failure> {
+    let cmd = cmd.mut_args(|a| a.hide_short_help(false));
     let mut out = Vec::new();
-    clap_mangen::Man::new(cmd).render(&mut out).map_err(|e| {
+    let source = format!("threadwise {}", env!("CARGO_PKG_VERSION"));
+    clap_mangen::Man::new(cmd).source(source).render(&mut out).map_err(|e| {
         Failure::env(
             format!("cannot render the man page: {e}"),
             "report this bug",

@@ -885,3 +885,33 @@ fn tune_dry_run_lists_the_configurations_and_runs_nothing() {
     assert!(row.contains("0-1 | 2-3 | 4-5 | 6-7"), "{row}");
     assert!(!json.exists() && !marker.exists());
 }
+
+/// Every option of every man page says what it does (options `-h` leaves
+/// out included: a page is the long form), and `.TH` names the version.
+#[test]
+fn every_man_page_option_has_a_body_and_the_page_its_version() {
+    for sub in ["topo", "plan", "run", "bind", "tune", "doctor", "top"] {
+        let out = threadwise().args(["man", sub]).output().unwrap();
+        let page = String::from_utf8(out.stdout).unwrap();
+        let th = page.lines().find(|l| l.starts_with(".TH ")).unwrap();
+        assert!(
+            th.contains(&format!("threadwise {}", env!("CARGO_PKG_VERSION"))),
+            "{sub}: {th}"
+        );
+        let lines: Vec<&str> = page.lines().collect();
+        let mut options = 0;
+        for (i, l) in lines.iter().enumerate() {
+            if *l != ".TP" || !lines.get(i + 1).is_some_and(|o| o.starts_with("\\fB\\-")) {
+                continue;
+            }
+            options += 1;
+            let body = lines.get(i + 2).copied().unwrap_or("");
+            assert!(
+                !body.is_empty() && !body.starts_with('.'),
+                "{sub}: {} has no body",
+                lines[i + 1]
+            );
+        }
+        assert!(options > 3, "{sub}: {options} options");
+    }
+}
