@@ -256,6 +256,37 @@ fn nproc_given(m: &clap::ArgMatches) -> bool {
     )
 }
 
+/// clap's rendering of a usage error as the message (its `error:` line and
+/// what continues it) and the hint (clap's tips, the usage line, and where
+/// the options are listed).
+fn usage_error(rendered: &str, argv: &[OsString]) -> (String, String) {
+    let mut message = vec![];
+    let mut hints = vec![];
+    let mut in_message = true;
+    for line in rendered.lines().map(str::trim) {
+        if line.is_empty() {
+            in_message = false;
+        } else if let Some(m) = line.strip_prefix("error: ") {
+            message.push(m.to_string());
+        } else if let Some(t) = line.strip_prefix("tip: ") {
+            hints.push(t.to_string());
+        } else if let Some(u) = line.strip_prefix("Usage: ") {
+            hints.push(format!("usage: {u}"));
+        } else if in_message {
+            message.push(line.to_string());
+        }
+    }
+    let sub = argv
+        .get(1)
+        .map(|s| s.to_string_lossy().into_owned())
+        .filter(|s| !s.starts_with('-') && whole_tree().find_subcommand(s).is_some());
+    hints.push(match sub {
+        Some(s) => format!("threadwise {s} --help lists its options"),
+        None => "threadwise --help lists the commands".into(),
+    });
+    (message.join(" "), hints.join("; "))
+}
+
 /// Parse the arguments, run, and return the process exit code.
 pub(crate) fn main() -> i32 {
     let env = |k: &str| std::env::var(k).ok();
@@ -282,15 +313,25 @@ pub(crate) fn main() -> i32 {
     };
     let cli = match parse(&argv) {
         Ok(c) => c,
-        Err(e) => {
-            let code = if e.use_stderr() { 2 } else { 0 };
+        // --help and --version print as clap draws them; a usage error in
+        // the one error shape of every error (`error:` then `hint:`).
+        Err(e) if !e.use_stderr() => {
             let _ = e.print();
-            if code != 0
-                && let Some(line) = pet::said(&from_env)
-            {
+            return 0;
+        }
+        // `threadwise` alone: the help, as a usage error's exit code.
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            return 2;
+        }
+        Err(e) => {
+            let (message, hint) = usage_error(&e.render().to_string(), &argv);
+            crate::say!("error: {message}");
+            crate::say!("hint: {hint}");
+            if let Some(line) = pet::said(&from_env) {
                 crate::say!("threadwise: {line}");
             }
-            return code;
+            return 2;
         }
     };
     let result = match cli.command {

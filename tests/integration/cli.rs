@@ -915,3 +915,26 @@ fn every_man_page_option_has_a_body_and_the_page_its_version() {
         assert!(options > 3, "{sub}: {options} options");
     }
 }
+
+/// The argument parser's errors have the one shape of every error
+/// (docs/reference/exit-codes.md): `error: ...` then `hint: ...`, exit 2.
+#[test]
+fn the_parsers_errors_are_error_then_hint() {
+    for args in [
+        &["plan", "-n", "0"][..],
+        &["plan", "-n", "1", "--bogus"],
+        &["completions"],
+        &["plan", "--policy", "x"],
+        &["nosuch"],
+        &["run", "--nnodes", "2", "--rdzv-endpoint", "node0", "--", "true"],
+    ] {
+        let out = threadwise().args(args).output().unwrap();
+        let err = String::from_utf8(out.stderr).unwrap();
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            lines.len() == 2 && lines[0].starts_with("error: ") && lines[1].starts_with("hint: "),
+            "{args:?}: {err}"
+        );
+    }
+}
