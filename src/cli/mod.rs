@@ -115,12 +115,15 @@ fn render_man(cmd: clap::Command) -> Result<Vec<u8>, Failure> {
     let cmd = cmd.mut_args(|a| a.hide_short_help(false));
     let mut out = Vec::new();
     let source = format!("threadwise {}", env!("CARGO_PKG_VERSION"));
-    clap_mangen::Man::new(cmd).source(source).render(&mut out).map_err(|e| {
-        Failure::env(
-            format!("cannot render the man page: {e}"),
-            "report this bug",
-        )
-    })?;
+    clap_mangen::Man::new(cmd)
+        .source(source)
+        .render(&mut out)
+        .map_err(|e| {
+            Failure::env(
+                format!("cannot render the man page: {e}"),
+                "report this bug",
+            )
+        })?;
     Ok(out)
 }
 

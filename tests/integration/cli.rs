@@ -926,7 +926,15 @@ fn the_parsers_errors_are_error_then_hint() {
         &["completions"],
         &["plan", "--policy", "x"],
         &["nosuch"],
-        &["run", "--nnodes", "2", "--rdzv-endpoint", "node0", "--", "true"],
+        &[
+            "run",
+            "--nnodes",
+            "2",
+            "--rdzv-endpoint",
+            "node0",
+            "--",
+            "true",
+        ],
     ] {
         let out = threadwise().args(args).output().unwrap();
         let err = String::from_utf8(out.stderr).unwrap();

@@ -260,3 +260,79 @@ fn relative_links_in_the_docs_resolve() {
     }
     assert!(checked > 20, "{checked} links");
 }
+
+/// Every drawn picture, table or output excerpt in README.md and docs/ (a
+/// fenced block with no language) names what it is on the line before it:
+/// `<!-- output: threadwise ARGS -->` is run here and the block must be what
+/// the binary prints (its lines in order; a `...` line skips some), and
+/// `<!-- output of a real run: WHY -->` is a measured run this machine
+/// cannot repeat. A new drawn output without either fails here.
+#[test]
+fn drawn_outputs_are_what_the_binary_prints() {
+    let mut checked = 0;
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let mut i = 0;
+        while i < lines.len() {
+            let Some(lang) = lines[i].strip_prefix("```") else {
+                i += 1;
+                continue;
+            };
+            let end = i
+                + 1
+                + lines[i + 1..]
+                    .iter()
+                    .position(|l| l.starts_with("```"))
+                    .unwrap();
+            let block = &lines[i + 1..end];
+            let before = lines[..i]
+                .iter()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .copied()
+                .unwrap_or("");
+            i = end + 1;
+            if !lang.is_empty() {
+                continue;
+            }
+            let name = page.display();
+            if before.starts_with("<!-- output of a real run: ") {
+                continue;
+            }
+            let cmd = before
+                .strip_prefix("<!-- output: threadwise ")
+                .and_then(|c| c.strip_suffix(" -->"))
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{name}: the drawn block before line {} names no command: `{before}`",
+                        end
+                    )
+                });
+            let args = shell_words::split(cmd).unwrap();
+            let out = super::threadwise().args(&args).output().unwrap();
+            assert!(out.status.success(), "{name}: threadwise {cmd}");
+            let drawn = String::from_utf8(out.stdout).unwrap();
+            let drawn: Vec<&str> = drawn.lines().collect();
+            // Each run of lines between `...` lines appears whole, in order.
+            let mut from = 0;
+            for chunk in block.split(|l| l.trim() == "...") {
+                if chunk.is_empty() {
+                    continue;
+                }
+                let at = (from..=drawn.len().saturating_sub(chunk.len()))
+                    .find(|&k| drawn[k..k + chunk.len()] == *chunk)
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "{name}: the block under `threadwise {cmd}` is not what it prints:\n{}\n--- it prints:\n{}",
+                            chunk.join("\n"),
+                            drawn.join("\n")
+                        )
+                    });
+                from = at + chunk.len();
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2, "{checked} drawn outputs checked");
+}
