@@ -335,3 +335,30 @@ def test_apply_names_wrong_arguments() -> None:
         threadwise.apply(2, 2)
     with pytest.raises(ValueError, match="whole number"):
         threadwise.apply(-1, 2)
+
+
+APPLY_THEN_SPAWN = """
+    import os, sys
+    import threadwise, probe
+
+    def child(i, out):
+        probe.record(i, out)
+
+    if __name__ == "__main__":
+        out = sys.argv[1]
+        threadwise.apply(0, 2)  # this process narrowed to rank 0's CPUs
+        threadwise.spawn(child, args=(out,), nprocs=2)
+        print("spawned")
+"""
+
+
+def test_spawn_after_apply_plans_from_the_node(tmp_path: Path) -> None:
+    # apply() narrowed the parent to one rank's CPUs; spawn's children are
+    # still planned from the node's (before: "2 ranks need 2 physical cores
+    # but only 1 are allowed" where a rank has one core).
+    want = planned(2, tmp_path)
+    script = write(tmp_path, "apply_spawn.py", APPLY_THEN_SPAWN)
+    out = ok(py(script, str(tmp_path), env=env_for(tmp_path)))
+    assert "spawned" in out
+    for i in (0, 1):
+        assert load(tmp_path, i)["env"]["THREADWISE_CPUS"] == want[i]["cpus"]

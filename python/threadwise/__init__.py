@@ -5,8 +5,8 @@ threads and DataLoader workers and hands the plan to the rank in its
 environment (THREADWISE_CPUS, THREADWISE_WORKER_CPUS, THREADWISE_NUM_WORKERS,
 ...), under `threadwise run`, `threadwise bind` or any launcher that runs
 `bind`. This module reads that environment; outside threadwise every function
-is a no-op or returns the caller's default, so a script that uses it runs
-unchanged anywhere.
+is a no-op or returns the caller's default (but `report`, which prints its one
+line anywhere), so a script that uses it runs unchanged anywhere.
 
     loader = DataLoader(ds, num_workers=threadwise.num_workers(4),
                         worker_init_fn=threadwise.worker_init_fn)

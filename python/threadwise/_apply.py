@@ -44,6 +44,7 @@ def apply_slot(
                 raise _place.refused(slot, "set_mempolicy", e) from None
             _warn(f"memory policy not set ({e}); running with the inherited one")
     if cpus:
+        _place.remember_node_cpus()
         try:
             _place.set_every_thread(cpus)
         except OSError as e:

@@ -134,6 +134,18 @@ def set_every_thread(cpus: Sequence[int], pid: "int | str" = "self") -> int:
     return len(done)
 
 
+#: This process's CPUs before `threadwise.apply` narrowed it to its rank's:
+#: the node a later plan (`threadwise.spawn`'s children) is made from.
+_node_cpus: Optional[Set[int]] = None
+
+
+def remember_node_cpus() -> None:
+    """Keep this process's CPUs as the node's, before the first narrowing."""
+    global _node_cpus
+    if _node_cpus is None:
+        _node_cpus = set(os.sched_getaffinity(0))
+
+
 def bind_doc(
     local_rank: Optional[int],
     local_world_size: Optional[int],
@@ -152,7 +164,14 @@ def bind_doc(
     argv = [exe, "bind", "--json", *options]
     if local_rank is not None and local_world_size is not None:
         argv += ["--local-rank", str(local_rank), "--local-world-size", str(local_world_size)]
+    # Planned from the node's CPUs, also where apply() narrowed this process
+    # to one rank's: the binary inherits the calling thread's mask, widened
+    # for the while it starts (the other threads keep theirs).
+    mine = os.sched_getaffinity(0)
+    widen = _node_cpus is not None and set(mine) != _node_cpus
     try:
+        if widen:
+            os.sched_setaffinity(0, _node_cpus)
         p = subprocess.run(
             argv,
             env=dict(env if env is not None else os.environ),
@@ -163,6 +182,9 @@ def bind_doc(
         )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise PlacementError(f"cannot run {exe}: {e}") from None
+    finally:
+        if widen:
+            os.sched_setaffinity(0, mine)
     if p.returncode != 0:
         said = p.stderr.strip() or f"exit code {p.returncode}"
         raise PlacementError(f"{' '.join(argv[1:])}: {said}")

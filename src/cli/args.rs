@@ -211,7 +211,7 @@ pub(crate) struct PlanCmd {
     #[arg(long, value_name = "K")]
     pub local_rank: Option<usize>,
     /// The training command, for formats that print command lines
-    #[arg(last = true, value_name = "CMD")]
+    #[arg(last = true, value_name = "CMD", help_heading = "Arguments")]
     pub command: Vec<String>,
 }
 
@@ -387,6 +387,7 @@ pub(crate) struct RunCmd {
         trailing_var_arg = true,
         allow_hyphen_values = true,
         value_name = "CMD",
+        help_heading = "Arguments",
         required_unless_present = "print_completion"
     )]
     pub command: Vec<OsString>,
@@ -486,7 +487,12 @@ pub(crate) struct BindCmd {
     )]
     pub source: SourceArgs,
     /// The command to become
-    #[arg(last = true, value_name = "CMD", required_unless_present = "json")]
+    #[arg(
+        last = true,
+        value_name = "CMD",
+        help_heading = "Arguments",
+        required_unless_present = "json"
+    )]
     pub command: Vec<OsString>,
 }
 
@@ -569,6 +575,6 @@ pub(crate) struct TuneCmd {
     )]
     pub source: SourceArgs,
     /// Your training command (default: the built-in workload)
-    #[arg(last = true, value_name = "CMD")]
+    #[arg(last = true, value_name = "CMD", help_heading = "Arguments")]
     pub command: Vec<OsString>,
 }

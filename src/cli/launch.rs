@@ -163,7 +163,7 @@ fn print_completion(shell: &str) -> Result<Exit, Failure> {
         }
     };
     let mut out = vec![];
-    clap_complete::generate(shell, &mut super::whole_tree(), "threadwise", &mut out);
+    clap_complete::generate(shell, &mut super::completion_tree(), "threadwise", &mut out);
     super::emit(&String::from_utf8_lossy(&out))
 }
 

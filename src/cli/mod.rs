@@ -80,9 +80,25 @@ pub(crate) fn emit(text: &str) -> Result<Exit, Failure> {
     }
 }
 
+/// The command line as the shells complete it: the whole tree without its
+/// hidden subcommands (`__watchdog` is run's own, never typed), which
+/// clap_complete would offer.
+pub(super) fn completion_tree() -> clap::Command {
+    let whole = whole_tree();
+    let shown: Vec<clap::Command> = whole
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set())
+        .cloned()
+        .collect();
+    clap::Command::new("threadwise")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about(whole.get_about().cloned().unwrap_or_default())
+        .subcommands(shown)
+}
+
 /// `threadwise completions SHELL`, from the clap definitions.
 fn generated(command: &Command) -> Result<Exit, Failure> {
-    let mut cmd = whole_tree();
+    let mut cmd = completion_tree();
     let mut out = Vec::new();
     if let Command::Completions { shell } = command {
         clap_complete::generate(*shell, &mut cmd, "threadwise", &mut out);

@@ -26,7 +26,12 @@ pub(super) struct Env;
 impl Exporter<Plan, Context> for Env {
     fn render(&self, plan: &Plan, ctx: &Context) -> Result<String, ExportError> {
         let max = plan.ranks.len().saturating_sub(1);
-        let k = ctx.local_rank.ok_or(ExportError::NeedRank { max })?;
+        // One rank: it is the one (no --local-rank to ask for).
+        let k = match (ctx.local_rank, plan.ranks.len()) {
+            (Some(k), _) => k,
+            (None, 1) => 0,
+            (None, _) => return Err(ExportError::NeedRank { max }),
+        };
         let rank = plan
             .ranks
             .get(k)

@@ -114,8 +114,9 @@ impl Hinted for LaunchError {
                  update the container runtime, or give the container a profile that allows clone3"
             }
             LaunchError::Launcher(_) => {
-                "run under torchrun, srun, mpirun (Open MPI, MPICH, Intel MPI, MVAPICH) or Cray PALS, \
-                 or use threadwise run"
+                "run under torchrun, srun, mpirun (Open MPI, MPICH, Intel MPI, MVAPICH) or Cray PALS; \
+                 outside a launcher give this rank's place: --local-rank K --local-world-size N; \
+                 or let threadwise start the ranks: threadwise run"
             }
         };
         hint.into()

@@ -946,3 +946,46 @@ fn the_parsers_errors_are_error_then_hint() {
         );
     }
 }
+
+/// The newcomer's smaller stumbles (issue 53, item 7), each as it now reads.
+#[test]
+fn the_command_line_reads_as_a_newcomer_expects() {
+    let out = |args: &[&str]| {
+        threadwise()
+            .args(args)
+            .env_remove("LOCAL_RANK")
+            .env_remove("SLURM_LOCALID")
+            .output()
+            .unwrap()
+    };
+    // The command is listed under Arguments, not under the last options' heading.
+    for sub in ["run", "bind", "tune", "plan"] {
+        let help = String::from_utf8(out(&[sub, "-h"]).stdout).unwrap();
+        let before = help.split("\n  [CMD]...").next().unwrap();
+        let heading = before
+            .lines()
+            .rev()
+            .find(|l| l.ends_with(':') && !l.starts_with(' '));
+        assert_eq!(heading, Some("Arguments:"), "{sub} -h:\n{help}");
+    }
+    // The shells complete no internal subcommand.
+    for sh in ["bash", "zsh"] {
+        let c = String::from_utf8(out(&["completions", sh]).stdout).unwrap();
+        assert!(
+            c.contains("nproc-per-node") && !c.contains("watchdog"),
+            "{sh}"
+        );
+    }
+    // One rank: --format env needs no --local-rank.
+    let env = out(&["plan", "-n", "1", "--format", "env"]);
+    assert!(
+        env.status.success()
+            && String::from_utf8(env.stdout)
+                .unwrap()
+                .contains("export THREADWISE_CPUS=")
+    );
+    // bind outside a launcher names the way to give the rank's place.
+    let bind = out(&["bind", "--", "true"]);
+    let err = String::from_utf8(bind.stderr).unwrap();
+    assert!(err.contains("--local-rank K --local-world-size N"), "{err}");
+}

@@ -336,3 +336,43 @@ fn drawn_outputs_are_what_the_binary_prints() {
     }
     assert!(checked >= 2, "{checked} drawn outputs checked");
 }
+
+/// The README opens with what a user does (install, then run), the project's
+/// own two commands after, marked as what they are; and no page tells a
+/// user to install threadwise from a package index it is not on.
+#[test]
+fn the_readme_opens_with_the_users_way_in() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let first_sh = readme
+        .split("```sh\n")
+        .nth(1)
+        .unwrap()
+        .split("```")
+        .next()
+        .unwrap();
+    assert!(
+        first_sh.contains("pip install dist/") && !first_sh.contains("scripts/test.sh"),
+        "README's first commands: {first_sh}"
+    );
+    let install = readme.find("## Install").unwrap();
+    let two = readme.find("## For contributors").unwrap();
+    assert!(
+        install < two,
+        "Install comes before the contributors' commands"
+    );
+    let mut pages = pages();
+    pages.push(root.join("python/README.md"));
+    for p in pages {
+        let text = std::fs::read_to_string(&p).unwrap();
+        for line in text
+            .lines()
+            .filter(|l| l.contains("pip install threadwise"))
+        {
+            panic!(
+                "{}: `{line}`: threadwise is on no package index",
+                p.display()
+            );
+        }
+    }
+}
