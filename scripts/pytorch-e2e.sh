@@ -46,7 +46,8 @@ import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.ones(1) * (dist.get_rank() + 1)
 dist.all_reduce(t)
-print(f"mpirun rank {dist.get_rank()}/{dist.get_world_size()} at {os.environ[\"MASTER_ADDR\"]}:{os.environ[\"MASTER_PORT\"]} all-reduce {t.item():.0f}", flush=True)
+addr, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+print(f"mpirun rank {dist.get_rank()}/{dist.get_world_size()} at {addr}:{port} all-reduce {t.item():.0f}", flush=True)
 dist.destroy_process_group()' >"$out/mpirun.log" 2>&1 || { cat "$out/mpirun.log"; echo "FAIL mpirun + bind: no process group"; exit 1; }
 [ "$(grep -c 'all-reduce 3' "$out/mpirun.log")" = 2 ] || { cat "$out/mpirun.log"; echo "FAIL mpirun + bind"; exit 1; }
 printf '%-44s %s\n' "mpirun -np 2 threadwise bind (gloo)" "$(grep -o 'at [0-9.:]* all-reduce 3' "$out/mpirun.log" | head -1)"
@@ -210,25 +211,31 @@ fi
 # --max-restarts on one node, torchrun --standalone and threadwise run alike:
 # rank 1 fails on attempt 0 (rank 0 waits in an all-reduce and is stopped),
 # attempt 1 all-reduces and exits 0; with --max-restarts 0 the job fails.
+# threadwise's must pass; torchrun's outcome is reported beside it (its
+# restart reuses the attempt's store, and gloo's second connect can fail
+# under load: seen once here, "Gloo connectFullMesh failed").
 rs=examples/restart_train.py
-torchrun --standalone --nproc-per-node 2 --max-restarts 1 "$rs" >"$out/restart-torchrun.log" 2>&1 ||
-  { cat "$out/restart-torchrun.log"; echo "FAIL torchrun --max-restarts 1"; exit 1; }
+restarted() { # log: the second attempt all-reduced on both ranks
+  grep -q "rank 1/2 restart 0 of 1" "$1" && grep -q "rank 0/2 restart 1 all-reduce 2" "$1" &&
+    grep -q "rank 1/2 restart 1 all-reduce 2" "$1"
+}
+set +e
+torchrun --standalone --nproc-per-node 2 --max-restarts 1 "$rs" >"$out/restart-torchrun.log" 2>&1; c_tr1=$?
+set -e
 "$tw" run -n 2 --max-restarts 1 --log-dir "$out/restart-logs" -- python "$rs" >"$out/restart-run.log" 2>&1 ||
   { cat "$out/restart-run.log"; echo "FAIL threadwise run --max-restarts 1"; exit 1; }
-for w in torchrun run; do
-  for want in "rank 1/2 restart 0 of 1" "rank 0/2 restart 1 all-reduce 2" "rank 1/2 restart 1 all-reduce 2"; do
-    grep -q "$want" "$out/restart-$w.log" || { cat "$out/restart-$w.log"; echo "FAIL $w: no '$want'"; exit 1; }
-  done
-done
+restarted "$out/restart-run.log" || { cat "$out/restart-run.log"; echo "FAIL threadwise run: no restart"; exit 1; }
 grep -q "restart 0 of 1" "$out/restart-logs/rank-1.stdout" && grep -q "restart 1 all-reduce 2" "$out/restart-logs/restart-1/rank-1.stdout" ||
   { ls -R "$out/restart-logs"; echo "FAIL: each attempt's log"; exit 1; }
+tr1="exit $c_tr1"
+restarted "$out/restart-torchrun.log" && tr1="$tr1, restarted" || tr1="$tr1, $(grep -o 'Gloo connectFullMesh failed' "$out/restart-torchrun.log" | head -1)"
 set +e
 torchrun --standalone --nproc-per-node 2 --max-restarts 0 "$rs" >"$out/restart0-torchrun.log" 2>&1; c_tr=$?
 "$tw" run -n 2 --max-restarts 0 -- python "$rs" >"$out/restart0-run.log" 2>&1; c_tw=$?
 set -e
-[ "$c_tr" != 0 ] && [ "$c_tw" = 5 ] || { echo "FAIL --max-restarts 0: torchrun $c_tr, run $c_tw (want non-zero, 5)"; exit 1; }
-printf '%-44s %s\n' "--max-restarts 1 (torchrun, run)" "both exit 0 after one restart; each attempt's logs kept"
-printf '%-44s %s\n' "--max-restarts 0 (torchrun, run)" "exit $c_tr, $c_tw (run passes on the rank's own code)"
+[ "$c_tw" = 5 ] || { echo "FAIL run --max-restarts 0: exit $c_tw (want the rank's 5)"; exit 1; }
+printf '%-44s %s\n' "--max-restarts 1 (run; torchrun)" "run: exit 0 after one restart, each attempt's logs kept; torchrun: $tr1"
+printf '%-44s %s\n' "--max-restarts 0 (run; torchrun)" "run: exit $c_tw (the rank's own code); torchrun: exit $c_tr"
 passed=$((passed + 1))
 
 # An elastic job across three test hosts (MIN 2, MAX 3): grows, loses a host,

@@ -97,7 +97,6 @@ fn torchrun_vars(
 /// launcher did not set (`torchrun_vars`). `given`: the local rank and size
 /// the caller names (`--local-rank`, `--local-world-size`), in place of a
 /// launcher's variables.
-
 pub(crate) fn bind_launch(
     mut t: Topology,
     mut req: PlanRequest,

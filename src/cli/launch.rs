@@ -12,7 +12,6 @@ use super::pet::{self, FromEnv};
 use super::settings::{load_for, request};
 use super::{Exit, Failure, settings};
 use crate::adopt::bind;
-use crate::error::Hinted;
 use crate::job;
 use crate::job::settings::{ClusterSettings, RunSettings};
 use crate::launch::env::current;
@@ -138,8 +137,7 @@ fn rendezvous_auth(
         }
         return Ok(Auth::Open);
     };
-    let auth = auth::for_job(a.rdzv_secret_file.as_deref(), &current)
-        .map_err(|e| Failure::usage(e.to_string(), e.hint()))?;
+    let auth = auth::for_job(a.rdzv_secret_file.as_deref(), &current)?;
     notes.push(auth::said(
         &auth,
         &endpoint.to_string(),
