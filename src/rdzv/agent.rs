@@ -211,6 +211,9 @@ fn handshake(
         nonce: mine.clone(),
         addr: cfg.local_addr.clone(),
     };
+    // What this node says of itself is bound to the session: a relay that
+    // rewrites it makes both proofs fail.
+    let said = auth::hello_digest(&serde_json::to_vec(&hello).unwrap_or_default());
     proto::send(
         &mut w,
         &ToHost::Hello {
@@ -233,16 +236,19 @@ fn handshake(
     loop {
         match recv.recv::<ToAgent>(&mut r, proto::MAX_LINE) {
             Ok(Some(ToAgent::Challenge { nonce, proof })) if !proven => {
+                let session = auth::Session {
+                    run_id: &cfg.run_id,
+                    agent_nonce: &mine,
+                    host_nonce: &nonce,
+                    hello: &said,
+                };
                 let theirs = cfg
                     .auth
-                    .check(Side::Host, &cfg.run_id, &mine, &nonce, &proof)
+                    .check(Side::Host, &session, &proof)
                     .map_err(|e| fake(format!("its proof fails ({e})")))?;
-                let ours = cfg
-                    .auth
-                    .prove(Side::Agent, &cfg.run_id, &mine, &nonce)
-                    .map_err(|e| {
-                        Turned::Away(ClusterError::Io(format!("cannot prove this node: {e}")))
-                    })?;
+                let ours = cfg.auth.prove(Side::Agent, &session).map_err(|e| {
+                    Turned::Away(ClusterError::Io(format!("cannot prove this node: {e}")))
+                })?;
                 proto::send(&mut w, &ToHost::Proof { proof: ours.text }).map_err(io)?;
                 key = theirs.or(ours.key);
                 recv = Seal::new(key.clone(), Dir::ToAgent);

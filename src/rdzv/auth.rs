@@ -83,18 +83,37 @@ pub(crate) enum Side {
 }
 
 /// The protocol's name and version, in every hello and every proof.
-pub(crate) const PROTOCOL: &str = "threadwise.rdzv/3";
+pub(crate) const PROTOCOL: &str = "threadwise.rdzv/4";
 
-/// What both sides prove knowledge of: the protocol, the side, the run id
-/// and both nonces.
-fn transcript(side: Side, run_id: &str, agent_nonce: &str, host_nonce: &str) -> String {
+/// What one handshake binds: the job, both nonces, and the agent's hello
+/// (its digest: `hello_digest`), so that nothing the agent said of itself
+/// (its node rank, ranks, address, port, run id, version) can be changed on
+/// the way without both proofs failing.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Session<'a> {
+    pub run_id: &'a str,
+    pub agent_nonce: &'a str,
+    pub host_nonce: &'a str,
+    pub hello: &'a str,
+}
+
+/// The digest of a hello as both sides serialise it (its fields, in their
+/// order: a relay's spacing changes nothing, a changed value changes it).
+pub(crate) fn hello_digest(hello_json: &[u8]) -> String {
+    use sha2::Digest;
+    hex(&Sha256::digest(hello_json))
+}
+
+/// What both sides prove knowledge of: the protocol, the side, the run id,
+/// both nonces and the agent's hello.
+fn transcript(side: Side, s: &Session<'_>) -> String {
     let side = match side {
         Side::Host => "host",
         Side::Agent => "agent",
     };
     format!(
-        "{} {side} run={run_id} agent={agent_nonce} host={host_nonce}",
-        PROTOCOL
+        "{PROTOCOL} {side} run={} agent={} host={} hello={}",
+        s.run_id, s.agent_nonce, s.host_nonce, s.hello
     )
 }
 
@@ -115,14 +134,8 @@ impl Auth {
     /// This side's proof for the transcript, and the session key it gives:
     /// with a secret, the key both sides derive; under MUNGE, the host's
     /// fresh key inside its credential (the agent's proof gives none).
-    pub(crate) fn prove(
-        &self,
-        side: Side,
-        run_id: &str,
-        agent_nonce: &str,
-        host_nonce: &str,
-    ) -> Result<Proof, String> {
-        let t = transcript(side, run_id, agent_nonce, host_nonce);
+    pub(crate) fn prove(&self, side: Side, s: &Session<'_>) -> Result<Proof, String> {
+        let t = transcript(side, s);
         match self {
             Auth::Open => Ok(Proof {
                 text: String::new(),
@@ -130,7 +143,7 @@ impl Auth {
             }),
             Auth::Secret(k) => Ok(Proof {
                 text: hex(&mac(k, &t).finalize().into_bytes()),
-                key: Some(derive(k, run_id, agent_nonce, host_nonce)),
+                key: Some(derive(k, s)),
             }),
             Auth::Munge(m) if side == Side::Host => {
                 let mut fresh = [0u8; 32];
@@ -138,7 +151,7 @@ impl Auth {
                 let text = m.encode(&format!("{t} key={}", hex(&fresh)), true)?;
                 Ok(Proof {
                     text,
-                    key: Some(derive(&fresh, run_id, agent_nonce, host_nonce)),
+                    key: Some(derive(&fresh, s)),
                 })
             }
             Auth::Munge(m) => Ok(Proof {
@@ -153,12 +166,10 @@ impl Auth {
     pub(crate) fn check(
         &self,
         side: Side,
-        run_id: &str,
-        agent_nonce: &str,
-        host_nonce: &str,
+        s: &Session<'_>,
         proof: &str,
     ) -> Result<Option<Key>, String> {
-        let t = transcript(side, run_id, agent_nonce, host_nonce);
+        let t = transcript(side, s);
         match self {
             Auth::Open => Ok(None),
             Auth::Secret(k) => {
@@ -166,7 +177,7 @@ impl Auth {
                 mac(k, &t)
                     .verify_slice(&got)
                     .map_err(|_| "the proof does not match the job's secret".to_string())?;
-                Ok(Some(derive(k, run_id, agent_nonce, host_nonce)))
+                Ok(Some(derive(k, s)))
             }
             Auth::Munge(m) => {
                 let (uid, payload) = m.decode(proof)?;
@@ -186,17 +197,17 @@ impl Auth {
                     .and_then(unhex)
                     .filter(|k| k.len() == 32)
                     .ok_or_else(other)?;
-                Ok(Some(derive(&fresh, run_id, agent_nonce, host_nonce)))
+                Ok(Some(derive(&fresh, s)))
             }
         }
     }
 }
 
-/// The session key from a key both ends hold and both nonces.
-fn derive(key: &[u8], run_id: &str, agent_nonce: &str, host_nonce: &str) -> Key {
+/// The session key from a key both ends hold, both nonces and the hello.
+fn derive(key: &[u8], s: &Session<'_>) -> Key {
     let t = format!(
-        "{} session run={run_id} agent={agent_nonce} host={host_nonce}",
-        PROTOCOL
+        "{PROTOCOL} session run={} agent={} host={} hello={}",
+        s.run_id, s.agent_nonce, s.host_nonce, s.hello
     );
     Key(mac(key, &t).finalize().into_bytes().into())
 }
@@ -484,30 +495,47 @@ mod tests {
         secret_var("correct horse battery staple").unwrap()
     }
 
+    fn s<'a>(run_id: &'a str, a: &'a str, h: &'a str, hello: &'a str) -> Session<'a> {
+        Session {
+            run_id,
+            agent_nonce: a,
+            host_nonce: h,
+            hello,
+        }
+    }
+
     #[test]
     fn an_hmac_proof_holds_for_its_transcript_only() {
         let k = key();
-        let proof = k.prove(Side::Host, "job", "a1", "h1").unwrap();
+        let proof = k.prove(Side::Host, &s("job", "a1", "h1", "x")).unwrap();
         let p = proof.text;
         assert_eq!(p.len(), 64);
         // Both ends hold the same session key; another session, another key.
-        let key = k.check(Side::Host, "job", "a1", "h1", &p).unwrap();
+        let key = k.check(Side::Host, &s("job", "a1", "h1", "x"), &p).unwrap();
         assert!(key.is_some() && key == proof.key);
-        let again = k.prove(Side::Host, "job", "a1", "h2").unwrap().key;
+        let again = k.prove(Side::Host, &s("job", "a1", "h2", "x")).unwrap().key;
         assert_ne!(again, key);
-        // Another side, run, nonce or key: refused.
-        for (side, run, a, h) in [
-            (Side::Agent, "job", "a1", "h1"),
-            (Side::Host, "job2", "a1", "h1"),
-            (Side::Host, "job", "a2", "h1"),
-            (Side::Host, "job", "a1", "h2"),
+        // Another side, run, nonce, hello or key: refused.
+        for (side, run, a, h, hello) in [
+            (Side::Agent, "job", "a1", "h1", "x"),
+            (Side::Host, "job2", "a1", "h1", "x"),
+            (Side::Host, "job", "a2", "h1", "x"),
+            (Side::Host, "job", "a1", "h2", "x"),
+            (Side::Host, "job", "a1", "h1", "y"),
         ] {
-            assert!(k.check(side, run, a, h, &p).is_err());
+            assert!(k.check(side, &s(run, a, h, hello), &p).is_err());
         }
         let other = secret_var("another secret, just as long").unwrap();
-        assert!(other.check(Side::Host, "job", "a1", "h1", &p).is_err());
+        assert!(
+            other
+                .check(Side::Host, &s("job", "a1", "h1", "x"), &p)
+                .is_err()
+        );
         for junk in ["", "zz", "0", &"f".repeat(10_000)] {
-            assert!(k.check(Side::Host, "job", "a1", "h1", junk).is_err());
+            assert!(
+                k.check(Side::Host, &s("job", "a1", "h1", "x"), junk)
+                    .is_err()
+            );
         }
         assert!(format!("{k:?}").contains("secret") && !format!("{k:?}").contains("horse"));
     }
@@ -541,8 +569,8 @@ mod tests {
             secret_file_auth(&f).unwrap(),
             secret_var("0123456789abcdef0123").unwrap(),
         );
-        let p = a.prove(Side::Agent, "r", "x", "y").unwrap().text;
-        assert!(b.check(Side::Agent, "r", "x", "y", &p).is_ok());
+        let p = a.prove(Side::Agent, &s("r", "x", "y", "z")).unwrap().text;
+        assert!(b.check(Side::Agent, &s("r", "x", "y", "z"), &p).is_ok());
         assert!(matches!(
             secret_file_auth(&d.path().join("none")),
             Err(AuthError::Unreadable { .. })

@@ -461,9 +461,19 @@ fn handshake(
             )));
         }
         let nonce = auth::nonce().map_err(|e| refused(format!("the host has no nonce: {e}")))?;
+        // The hello as this host read it, bound to the session: where a relay
+        // changed what the node said, the node's proof fails here and the
+        // host's fails there.
+        let said = auth::hello_digest(&serde_json::to_vec(&hello).unwrap_or_default());
+        let session = auth::Session {
+            run_id: &door.run_id,
+            agent_nonce: &hello.nonce,
+            host_nonce: &nonce,
+            hello: &said,
+        };
         let proof = door
             .auth
-            .prove(Side::Host, &door.run_id, &hello.nonce, &nonce)
+            .prove(Side::Host, &session)
             .map_err(|e| refused(format!("the host cannot prove itself: {e}")))?;
         key = proof.key;
         proto::send(
@@ -479,7 +489,7 @@ fn handshake(
         };
         let theirs = door
             .auth
-            .check(Side::Agent, &door.run_id, &hello.nonce, &nonce, &proof)
+            .check(Side::Agent, &session, &proof)
             .map_err(|e| refused(format!("authentication failed: {e}")))?;
         key = key.or(theirs);
     }

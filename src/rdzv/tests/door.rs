@@ -81,23 +81,37 @@ impl Raw {
             .flatten()
     }
 
-    fn hello(&mut self, mode: &str, nonce: &str) {
+    /// Say hello; the digest of what was said, as the session binds it.
+    fn hello(&mut self, mode: &str, nonce: &str) -> String {
+        let hello = Hello {
+            host: "impostor".into(),
+            nproc: 1,
+            nnodes: 2,
+            min_nodes: 0,
+            node_rank: Some(1),
+            run_id: "door".into(),
+            hosting: false,
+            port: 1234,
+            auth: mode.into(),
+            nonce: nonce.into(),
+            addr: None,
+        };
+        let said = auth::hello_digest(&serde_json::to_vec(&hello).unwrap());
         self.say(&ToHost::Hello {
             protocol: PROTOCOL.into(),
-            hello: Hello {
-                host: "impostor".into(),
-                nproc: 1,
-                nnodes: 2,
-                min_nodes: 0,
-                node_rank: Some(1),
-                run_id: "door".into(),
-                hosting: false,
-                port: 1234,
-                auth: mode.into(),
-                nonce: nonce.into(),
-                addr: None,
-            },
+            hello,
         });
+        said
+    }
+}
+
+/// The session of a handshake, for the tests' own proofs.
+fn session<'a>(agent: &'a str, host: &'a str, hello: &'a str) -> auth::Session<'a> {
+    auth::Session {
+        run_id: "door",
+        agent_nonce: agent,
+        host_nonce: host,
+        hello,
     }
 }
 
@@ -166,13 +180,16 @@ fn a_replayed_session_proves_nothing() {
     // A genuine node's session, as someone on the network records it.
     let mut genuine = Raw::connect(port);
     let nonce = auth::nonce().unwrap();
-    genuine.hello("secret", &nonce);
+    let said = genuine.hello("secret", &nonce);
     let Some(ToAgent::Challenge { nonce: h1, proof }) = genuine.hear() else {
         panic!("no challenge")
     };
-    let key = k.check(Side::Host, "door", &nonce, &h1, &proof);
+    let key = k.check(Side::Host, &session(&nonce, &h1, &said), &proof);
     assert!(key.is_ok(), "the host is genuine");
-    let recorded = k.prove(Side::Agent, "door", &nonce, &h1).unwrap().text;
+    let recorded = k
+        .prove(Side::Agent, &session(&nonce, &h1, &said))
+        .unwrap()
+        .text;
     genuine.say(&ToHost::Proof {
         proof: recorded.clone(),
     });
@@ -189,8 +206,12 @@ fn a_replayed_session_proves_nothing() {
     assert!(why.contains("authentication failed"), "{why}");
     // A recorded host challenge does not fool an agent either: its nonce is new.
     assert!(
-        k.check(Side::Host, "door", &auth::nonce().unwrap(), &h1, &proof)
-            .is_err()
+        k.check(
+            Side::Host,
+            &session(&auth::nonce().unwrap(), &h1, &said),
+            &proof
+        )
+        .is_err()
     );
     hosted.finish();
 }
@@ -243,7 +264,10 @@ fn an_agent_finds_out_a_fake_host() {
         (
             ToAgent::Challenge {
                 nonce: "00".into(),
-                proof: other.prove(Side::Host, "door", "ab", "00").unwrap().text,
+                proof: other
+                    .prove(Side::Host, &session("ab", "00", ""))
+                    .unwrap()
+                    .text,
             },
             "proof fails",
         ),
@@ -465,4 +489,105 @@ fn ipv6_addresses_count_by_their_64() {
     assert_ne!(g("2001:db8:1:2::1"), g("2001:db8:1:3::1"));
     assert_eq!(g("::ffff:10.0.0.1"), g("10.0.0.1"));
     assert_ne!(g("10.0.0.1"), g("10.0.0.2"));
+}
+
+/// A relay without the secret rewrites what node b says of itself in its
+/// hello: its ranks (nproc 1 -> 5, so the world would be 6), or, with node
+/// ranks left to the rendezvous, its node rank, address and port (so every
+/// rank would get the relay's MASTER_ADDR and MASTER_PORT). The hello is
+/// bound to the session: b is refused, no rank of b's or a's runs with what
+/// was changed (a's round, where it starts, has b's true world or none).
+#[test]
+fn a_relay_that_rewrites_the_hello_is_refused() {
+    use std::sync::Mutex;
+    type Rewrite = fn(&str) -> String;
+    let rewrites: [(Rewrite, &str); 2] = [
+        (|l| l.replacen("\"nproc\":1", "\"nproc\":5", 1), "nproc"),
+        (
+            |l| {
+                l.replacen("\"node_rank\":null", "\"node_rank\":0", 1)
+                    .replacen(
+                        "\"port\":",
+                        "\"addr\":\"127.0.0.66\",\"port\":4444,\"x\":",
+                        1,
+                    )
+            },
+            "node rank, address and port",
+        ),
+    ];
+    for (rewrite, what) in rewrites {
+        let port = crate::launch::env::free_port().unwrap();
+        let starts: Arc<Mutex<Vec<Start>>> = Arc::default();
+        let seen_a = starts.clone();
+        let a_cfg = AgentConfig {
+            node_rank: None,
+            join_timeout: Duration::from_secs(4),
+            ..config(port, "a", secret(SECRET))
+        };
+        let a = std::thread::spawn(move || {
+            run(&a_cfg, move |s: &Start, _: Arc<dyn Peer>| {
+                seen_a.lock().unwrap().push(s.clone());
+                0.into()
+            })
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mid = l.local_addr().unwrap().port();
+        let changed = Arc::new(Mutex::new(false));
+        let did = changed.clone();
+        std::thread::spawn(move || {
+            let Ok((down, _)) = l.accept() else { return };
+            let up = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let (mut u2, mut d2) = (up.try_clone().unwrap(), down.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut u2, &mut d2);
+            });
+            let mut r = BufReader::new(down);
+            let mut w = up;
+            loop {
+                let mut line = String::new();
+                if std::io::BufRead::read_line(&mut r, &mut line).unwrap_or(0) == 0 {
+                    return;
+                }
+                if line.contains("\"hello\"") && !*did.lock().unwrap() {
+                    line = rewrite(&line);
+                    *did.lock().unwrap() = true;
+                }
+                if w.write_all(line.as_bytes()).is_err() {
+                    return;
+                }
+            }
+        });
+        let ran = Arc::new(Mutex::new(vec![]));
+        let ran_b = ran.clone();
+        let cfg = AgentConfig {
+            endpoint: crate::netif::Endpoint::new("127.0.0.1", mid),
+            node_rank: None,
+            join_timeout: Duration::from_secs(4),
+            ..config(port, "b", secret(SECRET))
+        };
+        let b = std::thread::spawn(move || {
+            run(&cfg, move |s: &Start, _: Arc<dyn Peer>| {
+                ran_b.lock().unwrap().push(s.clone());
+                0.into()
+            })
+        });
+        let eb = b.join().unwrap();
+        let _ = a.join().unwrap();
+        assert!(
+            *changed.lock().unwrap(),
+            "{what}: the relay changed the hello"
+        );
+        assert!(ran.lock().unwrap().is_empty(), "{what}: no rank of b ran");
+        match eb {
+            Err(e) => assert!(e.to_string().contains("not this job's"), "{what}: {e}"),
+            Ok(end) => panic!("{what}: the rewritten hello was taken: {end:?}"),
+        }
+        for s in starts.lock().unwrap().iter() {
+            assert!(
+                s.world_size <= 2 && s.master_addr != "127.0.0.66" && s.master_port != 4444,
+                "{what}: a ran with {s:?}"
+            );
+        }
+    }
 }
