@@ -3,6 +3,11 @@
 use std::time::Duration;
 
 use super::Coordinator;
+
+/// The most ranks one node may say it runs (one per CPU threadwise plans).
+pub(crate) const MAX_NODE_RANKS: usize = crate::cpuset::MAX_CPU;
+/// The most nodes of one job.
+pub(crate) const MAX_NODES: usize = 1 << 23;
 use crate::rdzv::proto::Hello;
 
 impl Coordinator {
@@ -25,8 +30,24 @@ impl Coordinator {
         }
     }
 
-    /// Why a hello does not fit this job, if it does not.
+    /// Why a hello does not fit this job, if it does not. Every count from
+    /// the wire is bounded here, so the world's sums cannot wrap and no
+    /// rank runs with WORLD_SIZE 0: a node runs 1 to `MAX_NODE_RANKS` ranks,
+    /// a job has at most `MAX_NODES` nodes (the world at most their product,
+    /// 2^36, far from any overflow).
     pub(super) fn misfit(&self, hello: &Hello) -> Option<String> {
+        if hello.nproc == 0 || hello.nproc > MAX_NODE_RANKS {
+            return Some(format!(
+                "it says it runs {} ranks: a node runs 1 to {MAX_NODE_RANKS}",
+                hello.nproc
+            ));
+        }
+        if hello.nnodes == 0 || hello.nnodes > MAX_NODES {
+            return Some(format!(
+                "--nnodes {}: a job has 1 to {MAX_NODES} nodes",
+                hello.nnodes
+            ));
+        }
         if hello.run_id != self.run_id {
             return Some(format!(
                 "run id {:?} differs from the job's {:?} (--rdzv-id)",

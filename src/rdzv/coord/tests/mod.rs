@@ -235,3 +235,26 @@ fn node_0_on_loopback_is_the_master_at_the_address_the_others_reached() {
     let out = c.join(1, hello("host1", 1, false, 11), "10.0.0.11", t0);
     assert_eq!(starts(&out)[1].3, "10.0.0.10");
 }
+
+/// A member's counts are bounded before they are summed: a hello with
+/// nproc 2^64-1 (which would wrap the world to 0) or 0 is refused, and no
+/// round starts with WORLD_SIZE 0.
+#[test]
+fn a_hello_with_an_impossible_rank_count_is_refused() {
+    let t0 = Instant::now();
+    for nproc in [usize::MAX, 0, crate::cpuset::MAX_CPU + 1] {
+        let mut c = coord(t0, 0);
+        let out = c.join(1, hello("evil", nproc, false, 1), "10.0.0.9", t0);
+        assert!(
+            matches!(&out[0].msg, ToAgent::Refused { why } if why.contains("ranks: a node runs 1 to")),
+            "{nproc}: {out:?}"
+        );
+        let out = c.join(2, hello("host0", 1, true, 2), "10.0.0.10", t0);
+        let out2 = c.join(3, hello("host1", 1, false, 3), "10.0.0.11", t0);
+        for o in out.iter().chain(&out2) {
+            if let ToAgent::Start(s) = &o.msg {
+                assert_eq!(s.world_size, 2, "{nproc}");
+            }
+        }
+    }
+}
