@@ -522,7 +522,8 @@ mod tests {
         ];
         let (c, note) = command(&torchx, &["python3"]).unwrap();
         assert_eq!(c, ["python3", "-u", "train.py", "--lr", "0.1"]);
-        assert!(note.unwrap().contains("python3 -u train.py --lr ..."));
+        // The whole command, not cut short.
+        assert!(note.unwrap().contains("python3 -u train.py --lr 0.1"));
         let a = run_cmd(&torchx);
         assert_eq!((a.role.as_str(), a.tee.as_deref()), ("", Some("3")));
         assert_eq!(super::super::torchrun::inert_notes(&a).len(), 1);
