@@ -8,14 +8,16 @@
 //! the bytes pass unchanged. A line is kept whole up to `MAX_LINE`; a longer
 //! one is passed on in `MAX_LINE` pieces (each written whole) and said once.
 //! With a log directory every byte also goes to `rank-K.stdout|stderr`,
-//! byte-exact and buffered; a failed log write is kept and reported at the end.
+//! byte-exact, written as each chunk is read (never held in a buffer of
+//! ours, so a supervisor killed outright loses no line it read); a failed
+//! log write is kept and reported at the end.
 //! When our own stdout or stderr closes (`| head`), copying that stream stops
 //! and the rank's pipe is closed, so the rank gets EPIPE/SIGPIPE as it would
 //! without us; a write of ours never panics.
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{BufWriter, Read, Write};
+use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -106,7 +108,9 @@ struct Pump {
     prefix: Option<Vec<u8>>,
     /// torch's own per-rank prefix, which makes ours redundant.
     torch_prefix: Vec<u8>,
-    log: Option<(BufWriter<File>, String)>,
+    /// The rank's log file, written as each chunk is read (no buffer of
+    /// ours: a supervisor killed with SIGKILL loses no line it had read).
+    log: Option<(File, String)>,
     sink: Option<LineSink>,
     tail: Option<Tail>,
     state: Arc<OutputState>,
@@ -259,15 +263,6 @@ impl Pump {
             out.push(b'\n');
         }
         self.show_bytes(&out);
-        if let Some((f, name)) = &mut self.log
-            && let Err(e) = f.flush()
-        {
-            self.state
-                .log_errors
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push((name.clone(), e.to_string()));
-        }
     }
 
     fn show_bytes(&mut self, out: &[u8]) {
@@ -395,7 +390,7 @@ fn pump(
             None => format!("[rank {}] ", opts.rank_base + rank).into_bytes(),
         }),
         torch_prefix: format!("[rank{}]:", opts.rank_base + rank).into_bytes(),
-        log: log.map(|(f, name)| (BufWriter::with_capacity(READ_BYTES, f), name)),
+        log,
         sink: match (&opts.sink, &opts.duplicate[stream as usize]) {
             (Some(a), Some(b)) => {
                 let (a, b) = (a.clone(), b.clone());

@@ -1047,3 +1047,37 @@ fn a_signal_ends_a_one_node_job_without_a_restart() {
         "{se}"
     );
 }
+
+/// SIGKILL of the supervisor (the OOM killer's choice, a node's loss) loses
+/// no line a rank printed: every line is in the rank's log, as it came.
+#[test]
+fn a_killed_supervisor_loses_no_logged_line() {
+    let d = tempfile::tempdir().unwrap();
+    let logs = d.path().join("logs");
+    let done = d.path().join("printed");
+    let script = format!(
+        "for i in $(seq 1 48); do echo line $i; done; touch {}; sleep 30",
+        done.display()
+    );
+    let mut c = Command::new(bin())
+        .args(["run", "-n", "1", "-q", "--log-dir"])
+        .arg(&logs)
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !done.exists() && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(done.exists(), "the rank printed its lines");
+    // The pump reads as the bytes come; a moment for it to have read them.
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: plain syscall on our own child.
+    unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
+    let _ = c.wait();
+    let log = std::fs::read_to_string(logs.join("rank-0.stdout")).unwrap();
+    let want: String = (1..=48).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(log, want, "every line the rank printed, line by line");
+}
