@@ -149,14 +149,34 @@ pub(crate) fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<(), Fi
     Ok(())
 }
 
+/// Create `dir` and the directories above it that are missing, each readable
+/// by its owner alone (0700), as torchrun's own log directory is; a
+/// directory already there keeps its mode (the user's word on who reads).
+pub(crate) fn create_private_dirs(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
 /// Open a log file for writing without following a symbolic link at its name
-/// (a planted `rank-0.stdout` link must not truncate its target).
+/// (a planted `rank-0.stdout` link must not truncate its target). The rule
+/// for who may read it: the file is its owner's alone (0600) unless its
+/// directory lets others in, then they may read it as they may list the
+/// directory (the directory's group and other read bits); the umask applies
+/// on top, as it does to every file.
 pub(crate) fn create_log(path: &Path) -> Result<File, FileError> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let open_to = dir
+        .and_then(|d| std::fs::metadata(d).ok())
+        .map_or(0, |m| m.mode() & 0o044);
     OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
-        .mode(0o644)
+        .mode(0o600 | open_to)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
         .map_err(|e| {

@@ -133,7 +133,7 @@ pub(super) fn duplicates(s: &RunSettings) -> Result<[Option<LineSink>; 2], Launc
             path: path.display().to_string(),
             why: e,
         };
-        std::fs::create_dir_all(dir).map_err(|e| why(e.to_string()))?;
+        crate::files::create_private_dirs(dir).map_err(|e| why(e.to_string()))?;
         let file = crate::files::create_log(&path).map_err(|e| why(e.to_string()))?;
         let file = std::sync::Mutex::new(std::io::LineWriter::new(file));
         let filters = filters.clone();

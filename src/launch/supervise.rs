@@ -625,7 +625,7 @@ pub(crate) fn run(ranks: &[RankLaunch], opts: &RunOptions) -> Result<Outcome, La
     })?;
     os::become_subreaper();
     if let Some(dir) = &opts.log_dir {
-        std::fs::create_dir_all(dir).map_err(|source| LaunchError::LogDir {
+        crate::files::create_private_dirs(dir).map_err(|source| LaunchError::LogDir {
             path: dir.display().to_string(),
             source,
         })?;

@@ -1081,3 +1081,42 @@ fn a_killed_supervisor_loses_no_logged_line() {
     let want: String = (1..=48).map(|i| format!("line {i}\n")).collect();
     assert_eq!(log, want, "every line the rank printed, line by line");
 }
+
+/// The log directory threadwise makes is its owner's alone (0700), and so
+/// are the files in it (0600); in a directory the user opened to others, the
+/// files are readable as the directory is.
+#[test]
+fn logs_are_private_unless_the_directory_says_otherwise() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let d = tempfile::tempdir().unwrap();
+    let made = d.path().join("new/logs");
+    let (out, _) = run(&[
+        "-n",
+        "1",
+        "-q",
+        "--log-dir",
+        made.to_str().unwrap(),
+        "--",
+        "true",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(mode(&made), 0o700);
+    assert_eq!(mode(&d.path().join("new")), 0o700);
+    assert_eq!(mode(&made.join("rank-0.stdout")), 0o600);
+    let open = d.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (out, _) = run(&[
+        "-n",
+        "1",
+        "-q",
+        "--log-dir",
+        open.to_str().unwrap(),
+        "--",
+        "true",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(mode(&open), 0o755, "the user's directory keeps its mode");
+    assert_eq!(mode(&open.join("rank-0.stdout")), 0o644);
+}
