@@ -53,6 +53,11 @@ pub(crate) struct AgentState {
     join_deadline: Option<Instant>,
     join_wait: Duration,
     last_heard: Instant,
+    /// When this node last looked (between rounds every 100 ms, during one
+    /// as its supervisor polls): a long gap means this node itself did not
+    /// run (SIGSTOP, a debugger, a paused machine), not that the host went
+    /// silent.
+    last_looked: Instant,
     /// The round under way (from its Start until its ranks ended).
     running: Option<Start>,
     /// The latest round we heard of (a stop names it).
@@ -87,6 +92,7 @@ impl AgentState {
             join_deadline: Some(now + join_wait),
             join_wait,
             last_heard: now,
+            last_looked: now,
             running: None,
             round: 0,
             rank_offset: 0,
@@ -111,12 +117,26 @@ impl AgentState {
 
     fn check_silence(&mut self, now: Instant) {
         let silent = now.saturating_duration_since(self.last_heard);
+        let paused = now.saturating_duration_since(self.last_looked);
+        self.last_looked = now;
         if silent >= self.heartbeat_timeout && !self.done {
-            self.lose(format!(
-                "no heartbeat from the rendezvous host {} for {} s",
-                self.endpoint,
-                silent.as_secs()
-            ));
+            // Who stopped answering: where this node did not run for as long,
+            // it is this node (the host kept beating, or was this process).
+            self.lose(match paused >= self.heartbeat_timeout {
+                true => format!(
+                    "this node ({}) did not run for {} s (stopped by SIGSTOP, a debugger or a \
+                     paused machine): it missed the rendezvous host {}'s heartbeats, and the \
+                     job went on without it",
+                    self.host,
+                    paused.as_secs(),
+                    self.endpoint
+                ),
+                false => format!(
+                    "no heartbeat from the rendezvous host {} for {} s",
+                    self.endpoint,
+                    silent.as_secs()
+                ),
+            });
         }
     }
 
@@ -437,6 +457,33 @@ mod tests {
         };
         assert!(
             why.contains("no heartbeat from the rendezvous host a:29400"),
+            "{why}"
+        );
+    }
+
+    /// After SIGSTOP/SIGCONT of this node (the host's agent, say), the loss
+    /// names this node as the one that stopped answering, not the host.
+    #[test]
+    fn a_node_that_did_not_run_says_so_rather_than_blame_the_host() {
+        let t0 = Instant::now();
+        let mut a = agent(t0);
+        a.on(Event::Msg(ToAgent::Start(start(0))), t0);
+        assert!(!a.stop_requested(t0 + Duration::from_secs(1)));
+        // Nothing ran for 5 s (the heartbeat timeout is 3).
+        assert!(a.stop_requested(t0 + Duration::from_secs(6)));
+        let out = a.on(
+            Event::RoundEnded {
+                code: 0,
+                port: 1,
+                report: None,
+            },
+            t0 + Duration::from_secs(6),
+        );
+        let Some(Err(ClusterError::Lost(why))) = finished(&out) else {
+            panic!("{out:?}")
+        };
+        assert!(
+            why.contains("this node (b) did not run for 5 s") && why.contains("SIGSTOP"),
             "{why}"
         );
     }

@@ -989,3 +989,37 @@ fn the_command_line_reads_as_a_newcomer_expects() {
     let err = String::from_utf8(bind.stderr).unwrap();
     assert!(err.contains("--local-rank K --local-world-size N"), "{err}");
 }
+
+/// `--root` that cannot be read as a machine (a device, a FIFO, a symlink
+/// loop, a file) is an error naming it, for every command that takes it:
+/// never a silent fall-back to this machine.
+#[test]
+fn a_root_that_is_no_machine_is_refused_by_every_command() {
+    let d = tempfile::tempdir().unwrap();
+    let fifo = d.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo on a path of our own temporary directory.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let (l1, l2) = (d.path().join("loop1"), d.path().join("loop2"));
+    std::os::unix::fs::symlink(&l2, &l1).unwrap();
+    std::os::unix::fs::symlink(&l1, &l2).unwrap();
+    let file = d.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    for root in [std::path::Path::new("/dev/zero"), &fifo, &l1, &file] {
+        let r = root.to_str().unwrap();
+        for args in [
+            vec!["topo", "--root", r],
+            vec!["plan", "-n", "1", "--root", r],
+            vec!["doctor", "--root", r],
+            vec!["run", "--dry-run", "-n", "1", "--root", r, "--", "true"],
+        ] {
+            let out = threadwise().args(&args).output().unwrap();
+            let err = String::from_utf8(out.stderr).unwrap();
+            assert_eq!(out.status.code(), Some(3), "{args:?}: {err}");
+            assert!(
+                err.contains(&format!("{r} is not a topology root")),
+                "{args:?}: {err}"
+            );
+        }
+    }
+}
