@@ -524,7 +524,10 @@ fn serve(mut coord: Coordinator, rx: Receiver<Ev>) -> Coordinator {
     let mut refused = 0usize;
     let mut next_beat = Instant::now() + BEAT;
     while !coord.over() {
-        let wait = next_beat.saturating_duration_since(Instant::now());
+        // The heartbeat's tick, or sooner where the coordinator asks (a
+        // newcomer to admit).
+        let wake = coord.wake_at().map_or(next_beat, |w| w.min(next_beat));
+        let wait = wake.saturating_duration_since(Instant::now());
         let now_outs = match rx.recv_timeout(wait) {
             Ok(Ev::Joined(conn, stream, seal, hello, addr, local)) => {
                 let now = Instant::now();
@@ -550,6 +553,10 @@ fn serve(mut coord: Coordinator, rx: Receiver<Ev>) -> Coordinator {
             Err(RecvTimeoutError::Timeout) => vec![],
         };
         deliver(&mut peers, now_outs);
+        if coord.wake_at().is_some_and(|w| Instant::now() >= w) {
+            let outs = coord.tick(Instant::now());
+            deliver(&mut peers, outs);
+        }
         if Instant::now() >= next_beat {
             next_beat = Instant::now() + BEAT;
             let beats = coord

@@ -23,6 +23,8 @@ struct Member {
     /// The address the node connected from (MASTER_ADDR when it is node 0).
     addr: String,
     node_rank: usize,
+    /// When it came through the door (a newcomer waits `ADMIT_AFTER`).
+    joined_at: Instant,
     last_seen: Instant,
     ended: bool,
     /// Its ranks' code in the round, once ended.
@@ -61,6 +63,8 @@ pub(crate) struct Coordinator {
     pending: Vec<Member>,
     /// Restarts counted against `max_restarts` so far.
     restarts: u32,
+    /// When the running ranks last stopped for a newcomer.
+    last_membership: Option<Instant>,
     run_id: String,
     max_restarts: u32,
     master_port: Option<u16>,
@@ -102,6 +106,7 @@ impl Coordinator {
             min_since: None,
             pending: vec![],
             restarts: 0,
+            last_membership: None,
             run_id: run_id.to_string(),
             max_restarts,
             master_port,
@@ -193,6 +198,7 @@ impl Coordinator {
             addr: hello.addr.clone().unwrap_or_else(|| addr.to_string()),
             hello,
             node_rank: 0,
+            joined_at: now,
             last_seen: now,
             ended: false,
             code: 0,
@@ -215,18 +221,10 @@ impl Coordinator {
                         ),
                     );
                 }
-                let host = member.hello.host.clone();
+                // Admitted at the next round; the running ranks stop for it
+                // only once it has stayed (`admit_pending`, from `tick`).
                 self.pending.push(member);
-                let f = Failure {
-                    round: self.round,
-                    cause: format!(
-                        "{host} joined: the ranks restart with {} node(s)",
-                        members + 1
-                    ),
-                    code: 0,
-                    restartable: true,
-                };
-                self.stop_round(None, f, false)
+                vec![]
             }
             _ => Self::refuse(
                 conn,
@@ -563,9 +561,58 @@ impl Coordinator {
         for (conn, secs) in silent {
             out.extend(self.lost(conn, &format!("no heartbeat for {secs} s")));
         }
+        out.extend(self.admit_pending(now));
         out
     }
+
+    /// When the coordinator next needs a `tick` before its heartbeat one: a
+    /// newcomer's admission.
+    pub(crate) fn wake_at(&self) -> Option<Instant> {
+        if self.phase != Phase::Running {
+            return None;
+        }
+        let ready = self
+            .pending
+            .iter()
+            .map(|n| n.joined_at + ADMIT_AFTER)
+            .min()?;
+        Some(match self.last_membership {
+            Some(last) => ready.max(last + MEMBERSHIP_EVERY),
+            None => ready,
+        })
+    }
+
+    /// Stop a running round for the newcomers that have stayed `ADMIT_AFTER`
+    /// (one gone sooner never stops it), at most once every
+    /// `MEMBERSHIP_EVERY`: the running ranks restart for membership at most
+    /// twice a minute, however nodes come and go.
+    fn admit_pending(&mut self, now: Instant) -> Vec<Out> {
+        if self.wake_at().is_none_or(|at| now < at) {
+            return vec![];
+        }
+        self.last_membership = Some(now);
+        let members = self.nodes.iter().filter(|n| !n.lost).count() + self.pending.len();
+        let hosts: Vec<&str> = self.pending.iter().map(|n| n.hello.host.as_str()).collect();
+        let f = Failure {
+            round: self.round,
+            cause: format!(
+                "{} joined: the ranks restart with {members} node(s)",
+                hosts.join(", ")
+            ),
+            code: 0,
+            restartable: true,
+        };
+        self.stop_round(None, f, false)
+    }
 }
+
+/// How long a node that joins a running elastic job must stay before the
+/// running ranks stop for it: one that leaves right after its welcome
+/// stops nothing.
+pub(crate) const ADMIT_AFTER: Duration = Duration::from_millis(100);
+/// The least time between two restarts for membership (joins): at most two
+/// in a minute, whatever the churn.
+pub(crate) const MEMBERSHIP_EVERY: Duration = Duration::from_secs(30);
 
 mod admit;
 #[cfg(test)]

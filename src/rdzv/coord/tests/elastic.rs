@@ -64,6 +64,16 @@ fn end(out: &[Out]) -> Option<(i32, Option<String>)> {
     })
 }
 
+/// A newcomer joins the running round and stays `ADMIT_AFTER`: only then
+/// does the round stop for it.
+fn admit(c: &mut Coordinator, conn: Conn, h: Hello, addr: &str, t: Instant) -> Vec<Out> {
+    assert!(
+        c.join(conn, h, addr, t).is_empty(),
+        "nothing stops before it has stayed"
+    );
+    c.tick(t + ADMIT_AFTER)
+}
+
 /// Two nodes formed a job of 2 (after the last call): conns 1 (hosting) and 2.
 fn formed(t0: Instant, max_restarts: u32) -> Coordinator {
     let mut c = coord(t0, max_restarts);
@@ -107,7 +117,7 @@ fn max_nodes_start_at_once_and_min_after_the_last_call() {
 fn a_node_joining_a_round_restarts_it_with_the_newcomer_without_counting() {
     let t0 = Instant::now();
     let mut c = formed(t0, 3);
-    let out = c.join(3, hello("c", false), "10.0.0.3", t0);
+    let out = admit(&mut c, 3, hello("c", false), "10.0.0.3", t0);
     assert_eq!(stops(&out), vec![1, 2], "the running nodes stop for it");
     assert!(
         c.live().contains(&3),
@@ -132,7 +142,7 @@ fn a_node_joining_a_round_restarts_it_with_the_newcomer_without_counting() {
 fn a_lost_node_leaves_the_survivors_to_go_on_and_counts_a_restart() {
     let t0 = Instant::now();
     let mut c = formed(t0, 3);
-    c.join(3, hello("c", false), "10.0.0.3", t0);
+    admit(&mut c, 3, hello("c", false), "10.0.0.3", t0);
     c.ended(1, 0, 143, 200);
     c.ended(2, 0, 143, 201);
     // Node 2 (c) is killed: the others stop, then go on as 2 nodes.
@@ -167,7 +177,7 @@ fn fewer_than_min_or_no_restarts_left_end_the_job_with_1() {
         "{cause:?}"
     );
     let mut c = formed(t0, 0);
-    c.join(3, hello("c", false), "10.0.0.3", t0);
+    admit(&mut c, 3, hello("c", false), "10.0.0.3", t0);
     c.ended(1, 0, 143, 1);
     c.ended(2, 0, 143, 1);
     c.lost(3, "gone");
@@ -185,7 +195,7 @@ fn fewer_than_min_or_no_restarts_left_end_the_job_with_1() {
 fn survivors_that_finished_while_stopping_for_a_newcomer_end_the_job_well() {
     let t0 = Instant::now();
     let mut c = formed(t0, 3);
-    c.join(3, hello("c", false), "10.0.0.3", t0);
+    admit(&mut c, 3, hello("c", false), "10.0.0.3", t0);
     c.ended(1, 0, 0, 1);
     let out = c.ended(2, 0, 0, 1);
     assert_eq!(end(&out), Some((0, None)));
@@ -199,7 +209,7 @@ fn survivors_that_finished_while_stopping_for_a_newcomer_end_the_job_well() {
 fn a_rank_failure_while_stopping_for_a_newcomer_counts() {
     let t0 = Instant::now();
     let mut c = formed(t0, 0);
-    c.join(3, hello("c", false), "10.0.0.3", t0);
+    admit(&mut c, 3, hello("c", false), "10.0.0.3", t0);
     // The round was already stopping; a lost node makes its restart count,
     // and with none left the job ends.
     c.lost(2, "gone");
@@ -228,4 +238,61 @@ fn a_different_range_and_a_silent_newcomer() {
     c.ended(1, 0, 143, 1);
     let out = c.ended(2, 0, 143, 1);
     assert_eq!(starts(&out).len(), 2, "the round restarts with the two");
+}
+
+/// Churn: a member that leaves right after its welcome stops nothing; one
+/// that stays is admitted, and the running ranks restart for membership at
+/// most once every `MEMBERSHIP_EVERY` (twice a minute), however often nodes
+/// come and go.
+#[test]
+fn churn_restarts_the_running_ranks_at_most_twice_a_minute() {
+    let t0 = Instant::now();
+    let mut c = formed(t0, 1);
+    let mut stops_seen = 0;
+    let mut round = 0;
+    // The nodes of the round under way, and those that stayed.
+    let mut running: Vec<Conn> = vec![1, 2];
+    let mut stayed: Vec<Conn> = vec![];
+    // Every 100 ms for 60 s a newcomer joins; every other one leaves at once.
+    for k in 0..600u32 {
+        let t = t0 + Duration::from_secs(2) + Duration::from_millis(100 * k as u64);
+        let conn = 100 + k as usize;
+        for n in running.iter().chain(&stayed) {
+            c.seen(*n, t);
+        }
+        let mut out = c.join(conn, hello(&format!("n{k}"), false), "10.0.1.1", t);
+        if k % 2 == 0 {
+            out.extend(c.lost(conn, "left right after its welcome"));
+        } else {
+            stayed.push(conn);
+            c.seen(conn, t);
+        }
+        out.extend(c.tick(t));
+        if !stops(&out).is_empty() {
+            stops_seen += 1;
+            // The running nodes end; the next round starts with whoever stayed.
+            let mut next = vec![];
+            for n in &running {
+                next = c.ended(*n, round, 143, 1);
+            }
+            let started: Vec<Conn> = starts(&next).iter().map(|s| s.0).collect();
+            assert!(!started.is_empty(), "the next round starts");
+            stayed.retain(|n| !started.contains(n));
+            running = started;
+            round += 1;
+        }
+    }
+    assert!(stops_seen >= 1, "a member that stays is admitted");
+    assert!(stops_seen <= 2, "{stops_seen} restarts in 60 s");
+}
+
+/// A newcomer that is gone before it has stayed never stops the round.
+#[test]
+fn a_join_that_ends_at_once_stops_nothing() {
+    let t0 = Instant::now();
+    let mut c = formed(t0, 1);
+    let t = t0 + Duration::from_secs(2);
+    assert!(c.join(3, hello("c", false), "10.0.0.3", t).is_empty());
+    assert!(c.lost(3, "gone right after its welcome").is_empty());
+    assert!(stops(&c.tick(t + ADMIT_AFTER * 2)).is_empty());
 }
