@@ -129,6 +129,9 @@ fn stop_signal(pipe: &SignalPipe, ms: i32) -> Option<i32> {
         .find(|s| matches!(signals::action(*s), Some(signals::Action::Stop(_))))
 }
 
+/// What a try that was told Busy says.
+const BUSY: &str = "the rendezvous host is busy";
+
 /// Why a try at the host's door did not get in.
 enum Turned {
     /// Busy, closed or silent: try again until the join timeout.
@@ -150,6 +153,9 @@ fn enter(
 ) -> Result<Entered, ClusterError> {
     let t0 = Instant::now();
     let mut last = String::new();
+    // How often the host said it was busy: what the node says at the end,
+    // whatever the last try met (a host that answered busy is there).
+    let mut busy = 0u32;
     loop {
         for a in addrs {
             let s = match TcpStream::connect_timeout(a, Duration::from_secs(2)) {
@@ -164,14 +170,22 @@ fn enter(
             match handshake(&s, cfg, hosting) {
                 Ok((r, send, recv)) => return Ok((s, r, send, recv)),
                 Err(Turned::Away(e)) => return Err(e),
-                Err(Turned::Again(why)) => last = why,
+                Err(Turned::Again(why)) => {
+                    busy += u32::from(why == BUSY);
+                    last = why;
+                }
             }
         }
         if t0.elapsed() >= cfg.join_timeout {
             return Err(ClusterError::Unreachable {
                 endpoint: cfg.endpoint.to_string(),
                 secs: cfg.join_timeout.as_secs(),
-                why: last,
+                why: match busy {
+                    0 => last,
+                    n => {
+                        format!("it answered that it was busy, {n} time(s) (the last try: {last})")
+                    }
+                },
             });
         }
         if let Some(sig) = stop_signal(pipe, 500) {
@@ -210,6 +224,7 @@ fn handshake(
         auth: cfg.auth.mode().to_string(),
         nonce: mine.clone(),
         addr: cfg.local_addr.clone(),
+        ticket: cfg.auth.ticket(&cfg.run_id, &mine, auth::unix_now()),
     };
     // What this node says of itself is bound to the session: a relay that
     // rewrites it makes both proofs fail.
@@ -265,7 +280,7 @@ fn handshake(
                 )));
             }
             Ok(Some(ToAgent::Busy)) => {
-                return Err(Turned::Again("the rendezvous host is busy".into()));
+                return Err(Turned::Again(BUSY.into()));
             }
             Ok(Some(ToAgent::Refused { why })) => {
                 return Err(Turned::Away(ClusterError::Refused(why)));

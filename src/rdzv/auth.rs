@@ -131,6 +131,42 @@ impl Auth {
         matches!(self, Auth::Open)
     }
 
+    /// A node's ticket for the door (with a shared secret only; empty
+    /// otherwise): an HMAC of the run id, the node's nonce and the current
+    /// `TICKET_WINDOW`, so the host can tell, from the hello alone and at
+    /// the cost of one HMAC, a node that holds the secret from a flood.
+    /// It admits nothing: the proofs that follow still decide.
+    pub(crate) fn ticket(&self, run_id: &str, nonce: &str, unix_secs: u64) -> String {
+        match self {
+            Auth::Secret(k) => hex(
+                &mac(k, &ticket_text(run_id, nonce, unix_secs / TICKET_WINDOW))
+                    .finalize()
+                    .into_bytes(),
+            ),
+            _ => String::new(),
+        }
+    }
+
+    /// Is `ticket` one this job's secret makes for this run and nonce, in
+    /// this window or the last (a clock a little apart still agrees)?
+    pub(crate) fn ticket_ok(
+        &self,
+        run_id: &str,
+        nonce: &str,
+        ticket: &str,
+        unix_secs: u64,
+    ) -> bool {
+        let (Auth::Secret(k), Some(got)) = (self, unhex(ticket)) else {
+            return false;
+        };
+        let w = unix_secs / TICKET_WINDOW;
+        [w, w.saturating_sub(1), w + 1].iter().any(|w| {
+            mac(k, &ticket_text(run_id, nonce, *w))
+                .verify_slice(&got)
+                .is_ok()
+        })
+    }
+
     /// This side's proof for the transcript, and the session key it gives:
     /// with a secret, the key both sides derive; under MUNGE, the host's
     /// fresh key inside its credential (the agent's proof gives none).
@@ -201,6 +237,21 @@ impl Auth {
             }
         }
     }
+}
+
+/// A ticket's window: a recorded ticket keeps a place at the door for at
+/// most three of these, and buys no admission.
+pub(crate) const TICKET_WINDOW: u64 = 30;
+
+fn ticket_text(run_id: &str, nonce: &str, window: u64) -> String {
+    format!("{PROTOCOL} ticket run={run_id} agent={nonce} window={window}")
+}
+
+/// Seconds since the epoch, for tickets.
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The session key from a key both ends hold, both nonces and the hello.

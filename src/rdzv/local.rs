@@ -134,6 +134,7 @@ pub(crate) fn run(
         auth: String::new(),
         nonce: String::new(),
         addr: cfg.local_addr.clone(),
+        ticket: String::new(),
     };
     let (todo, rx) = mpsc::channel();
     let mut both = Both {

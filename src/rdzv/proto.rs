@@ -52,6 +52,11 @@ pub(crate) struct Hello {
     /// The address it gives the others (--local-addr), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addr: Option<String>,
+    /// Its ticket for the door, where the job has a secret
+    /// (`auth::Auth::ticket`): checked before anything costly, it keeps the
+    /// node's place at the door against a flood.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ticket: String,
 }
 
 /// How a node's part of a round went wrong.

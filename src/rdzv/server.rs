@@ -145,12 +145,23 @@ struct Door {
     munge: Arc<Mutex<HashMap<IpAddr, (f64, Instant)>>>,
 }
 
-/// The connections at the door, oldest first, with their address (group)
-/// and a handle to close them by; and the door's threads, by address, those
-/// of connections closed to make room among them until they have ended.
+/// A connection's place at the door.
+struct Place {
+    /// Its address's group (`addr_group`).
+    group: IpAddr,
+    /// A handle to close it by, to make room.
+    stream: TcpStream,
+    /// Its hello carried the job's ticket (`auth::Auth::ticket`): it is
+    /// never pushed out to make room.
+    ticket: bool,
+}
+
+/// The connections at the door, oldest first; and the door's threads, by
+/// address, those of connections closed to make room among them until they
+/// have ended.
 #[derive(Default)]
 struct Waiting {
-    conns: BTreeMap<Conn, (IpAddr, TcpStream, Instant)>,
+    conns: BTreeMap<Conn, Place>,
     threads: HashMap<IpAddr, usize>,
     all_threads: usize,
 }
@@ -158,19 +169,22 @@ struct Waiting {
 /// How long a newcomer waits for a thread it pushed out to end.
 const MAKE_ROOM: Duration = Duration::from_millis(100);
 
-/// How long a connection keeps its place at the door against newcomers
-/// from an address already there (a flood is then told Busy, with no
-/// thread, rather than churning threads).
-pub(crate) const DOOR_MIN_STAY: Duration = Duration::from_secs(1);
-
 impl Waiting {
     fn remove(&mut self, conn: Conn) -> Option<TcpStream> {
-        self.conns.remove(&conn).map(|(_, s, _)| s)
+        self.conns.remove(&conn).map(|p| p.stream)
     }
 
     /// Connections of `group` at the door (at most `MAX_WAITING` to count).
     fn of(&self, group: IpAddr) -> usize {
-        self.conns.values().filter(|(g, _, _)| *g == group).count()
+        self.conns.values().filter(|p| p.group == group).count()
+    }
+
+    /// The oldest connection without a ticket, of `group` or of any.
+    fn oldest_unticketed(&self, group: Option<IpAddr>) -> Option<Conn> {
+        self.conns
+            .iter()
+            .find(|(_, p)| !p.ticket && group.is_none_or(|g| p.group == g))
+            .map(|(c, _)| *c)
     }
 }
 
@@ -191,33 +205,31 @@ impl Door {
         self.waiting.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Take a place at the door for `conn` from `ip` at `now`. Where its
-    /// address is full, its own oldest connection is closed to make room,
-    /// once that one has had `DOOR_MIN_STAY`; where the door is full, the
-    /// oldest of all, at once for an address with none at the door (a node
-    /// gets in at once whatever holds the door), else likewise once it has
-    /// had its stay. A thread pushed out is waited for (briefly), so the
-    /// door never holds more threads than places. False (the newcomer is
-    /// told Busy) where no room is made, or `s` cannot be kept.
-    fn enter(&self, conn: Conn, ip: IpAddr, s: &TcpStream, now: Instant) -> bool {
+    /// Take a place at the door for `conn` from `ip`. Where its address is
+    /// full, its own oldest connection without a ticket is closed to make
+    /// room, at once; where the door is full, the oldest without a ticket of
+    /// all. So a flood's connections push out each other, and a node that
+    /// shows the job's ticket in its hello (a cheap, stateless check: one
+    /// HMAC) keeps its place whatever the flood, from any address, its own
+    /// included. A thread pushed out is waited for (briefly), so the door
+    /// never holds more threads than places. False (the newcomer is told
+    /// Busy) where every place holds a ticket, or `s` cannot be kept.
+    fn enter(&self, conn: Conn, ip: IpAddr, s: &TcpStream) -> bool {
         let group = addr_group(ip);
         let mut w = self.lock();
-        let here = w.of(group);
-        let stayed = |at: &Instant| now.saturating_duration_since(*at) >= DOOR_MIN_STAY;
-        let (room, push_out) = if here >= MAX_WAITING_PER_ADDR {
-            let first = w.conns.iter().find(|(_, (g, _, _))| *g == group);
-            first.map_or((true, None), |(c, (_, _, at))| (stayed(at), Some(*c)))
+        let push_out = if w.of(group) >= MAX_WAITING_PER_ADDR {
+            match w.oldest_unticketed(Some(group)) {
+                Some(c) => Some(c),
+                None => return false,
+            }
         } else if w.conns.len() >= MAX_WAITING {
-            let first = w.conns.iter().next();
-            first.map_or((true, None), |(c, (_, _, at))| {
-                (here == 0 || stayed(at), Some(*c))
-            })
+            match w.oldest_unticketed(None) {
+                Some(c) => Some(c),
+                None => return false,
+            }
         } else {
-            (true, None)
+            None
         };
-        if !room {
-            return false;
-        }
         let Ok(handle) = s.try_clone() else {
             return false;
         };
@@ -240,10 +252,24 @@ impl Door {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        w.conns.insert(conn, (group, handle, now));
+        w.conns.insert(
+            conn,
+            Place {
+                group,
+                stream: handle,
+                ticket: false,
+            },
+        );
         *w.threads.entry(group).or_insert(0) += 1;
         w.all_threads += 1;
         true
+    }
+
+    /// `conn`'s hello carried the job's ticket: its place is kept.
+    fn ticketed(&self, conn: Conn) {
+        if let Some(p) = self.lock().conns.get_mut(&conn) {
+            p.ticket = true;
+        }
     }
 
     /// `conn`'s thread is past the door, or done: its place and its count.
@@ -294,7 +320,7 @@ fn accept_loop(listener: TcpListener, tx: Sender<Ev>, door: Door, over: &AtomicB
         let ip = peer.ip().to_canonical();
         let conn = next;
         next += 1;
-        if !door.enter(conn, ip, &s, Instant::now()) {
+        if !door.enter(conn, ip, &s) {
             // No thread, no buffer: a short line into an empty socket buffer,
             // then closed.
             let _ = s.set_nonblocking(true);
@@ -369,7 +395,7 @@ fn admit(
         s,
         deadline: Some(Instant::now() + HELLO_DEADLINE),
     });
-    match handshake(&mut r, &mut w, door, ip) {
+    match handshake(conn, &mut r, &mut w, door, ip) {
         Ok((hello, send, recv)) => {
             r.get_mut().deadline = None;
             let _ = r.get_ref().s.set_read_timeout(None);
@@ -410,6 +436,7 @@ fn recv_by(r: &mut BufReader<Timed>, what: &str) -> Result<ToHost, String> {
 /// The door's side of the handshake: the hello, the seals of both
 /// directions (keyed where the job authenticates), or why not.
 fn handshake(
+    conn: Conn,
     r: &mut BufReader<Timed>,
     w: &mut TcpStream,
     door: &Door,
@@ -424,6 +451,14 @@ fn handshake(
             ));
         }
     };
+    // A node that holds the job's secret shows it at once, at the cost of one
+    // HMAC here: its place at the door is kept against a flood.
+    if door
+        .auth
+        .ticket_ok(&hello.run_id, &hello.nonce, &hello.ticket, auth::unix_now())
+    {
+        door.ticketed(conn);
+    }
     if protocol != PROTOCOL {
         return Err(refused(format!(
             "protocol {protocol:?} differs from {PROTOCOL:?} (every node needs the same threadwise)"
@@ -656,20 +691,20 @@ mod tests {
     }
 
     #[test]
-    fn a_full_door_closes_its_oldest_waiting_connection_and_waits_for_its_thread() {
+    fn a_full_door_closes_its_oldest_unticketed_connection_and_keeps_ticketed_ones() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let at = l.local_addr().unwrap();
         let d = door();
         let kept = std::cell::RefCell::new(vec![]);
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        let enter = |conn: Conn, from: &str, now: Instant| {
+        let enter = |conn: Conn, from: &str| {
             let c = TcpStream::connect(at).unwrap();
             let (s, _) = l.accept().unwrap();
-            let ok = d.enter(conn, ip(from), &s, now);
+            let ok = d.enter(conn, ip(from), &s);
             kept.borrow_mut().push(c);
             ok
         };
-        // A thread of the door that ends `after` (as one does once its socket is shut).
+        // A thread of the door that ends soon (as one does once its socket is shut).
         let ends = |conn: Conn, from: &'static str| {
             let d = d.clone();
             std::thread::spawn(move || {
@@ -677,53 +712,72 @@ mod tests {
                 d.leave(conn, from.parse().unwrap());
             })
         };
-        let t0 = Instant::now();
-        for c in 0..MAX_WAITING_PER_ADDR {
-            assert!(enter(c as Conn, "10.0.0.1", t0));
-        }
-        // The address is full: a newcomer from it is told Busy at once
-        // while its oldest has not had its stay (a flood churns nothing).
-        let t = Instant::now();
-        assert!(!enter(100, "10.0.0.1", t0));
-        assert!(t.elapsed() < MAKE_ROOM);
-        // Once it has, the newcomer closes it and waits for its thread;
-        // where that never ends, no room is made.
-        let t1 = t0 + DOOR_MIN_STAY;
-        let t = Instant::now();
-        assert!(!enter(101, "10.0.0.1", t1));
-        assert!(t.elapsed() >= MAKE_ROOM);
         let closed = |c: &TcpStream| {
             let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
             matches!(std::io::Read::read(&mut &*c, &mut [0u8; 1]), Ok(0) | Err(_))
         };
-        assert!(
-            closed(&kept.borrow()[0]),
-            "the oldest of 10.0.0.1 was closed"
-        );
-        let e = ends(0, "10.0.0.1");
-        assert!(
-            enter(102, "10.0.0.1", t1),
-            "room made once its thread ended"
-        );
+        for c in 0..MAX_WAITING_PER_ADDR {
+            assert!(enter(c as Conn, "10.0.0.1"));
+        }
+        // Connection 0 showed the job's ticket: it keeps its place.
+        d.ticketed(0);
+        // The address is full: a newcomer from it takes the place of its
+        // oldest without a ticket (1), at once, once that one's thread ended.
+        let e = ends(1, "10.0.0.1");
+        assert!(enter(100, "10.0.0.1"), "room made at once");
         e.join().unwrap();
+        assert!(
+            closed(&kept.borrow()[1]),
+            "the oldest without a ticket was closed"
+        );
         {
             let w = d.lock();
-            assert_eq!(w.conns.len(), MAX_WAITING_PER_ADDR);
-            assert!(!w.conns.contains_key(&0) && w.conns.contains_key(&1));
+            assert!(w.conns.contains_key(&0), "the ticketed one stays");
+            assert!(!w.conns.contains_key(&1) && w.conns.contains_key(&100));
         }
-        // The whole door, full.
-        for i in 0..(MAX_WAITING - MAX_WAITING_PER_ADDR) {
-            assert!(enter(200 + i as Conn, &format!("10.0.1.{i}"), t1));
+        // Where that thread never ends, no room is made (Busy after MAKE_ROOM).
+        let t = Instant::now();
+        assert!(!enter(101, "10.0.0.1"));
+        assert!(t.elapsed() >= MAKE_ROOM);
+        // Where every place of the address holds a ticket: Busy at once.
+        let d2 = door();
+        let l2 = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at2 = l2.local_addr().unwrap();
+        let mut keep = vec![];
+        for c in 0..MAX_WAITING_PER_ADDR {
+            keep.push(TcpStream::connect(at2).unwrap());
+            let (s, _) = l2.accept().unwrap();
+            assert!(d2.enter(c as Conn, ip("10.0.0.2"), &s));
+            d2.ticketed(c as Conn);
         }
-        // From an address already there: Busy while the oldest is young...
-        assert!(!enter(300, "10.0.1.0", t0));
-        // ...but from one with none there, the oldest of all goes at once.
-        let e = ends(1, "10.0.0.1");
-        assert!(enter(301, "10.0.2.1", t0));
+        keep.push(TcpStream::connect(at2).unwrap());
+        let (s, _) = l2.accept().unwrap();
+        let t = Instant::now();
+        assert!(!d2.enter(500, ip("10.0.0.2"), &s));
+        assert!(t.elapsed() < MAKE_ROOM);
+        // The whole door, full: a newcomer from another address takes the
+        // place of the oldest without a ticket of all.
+        let d3 = door();
+        let mut keep3 = vec![];
+        for i in 0..MAX_WAITING {
+            keep3.push(TcpStream::connect(at2).unwrap());
+            let (s, _) = l2.accept().unwrap();
+            assert!(d3.enter(i as Conn, ip(&format!("10.0.{}.{}", i / 8, i % 8)), &s));
+        }
+        d3.ticketed(0);
+        let e = {
+            let d3 = d3.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                d3.leave(1, "10.0.0.1".parse().unwrap());
+            })
+        };
+        keep3.push(TcpStream::connect(at2).unwrap());
+        let (s, _) = l2.accept().unwrap();
+        assert!(d3.enter(900, ip("10.9.9.9"), &s));
         e.join().unwrap();
-        let w = d.lock();
+        let w = d3.lock();
         assert_eq!(w.conns.len(), MAX_WAITING);
-        assert!(!w.conns.contains_key(&1), "the oldest at the door went");
-        assert_eq!(w.all_threads, MAX_WAITING);
+        assert!(w.conns.contains_key(&0) && !w.conns.contains_key(&1));
     }
 }

@@ -151,3 +151,26 @@ fn slurms_munge_socket_is_read_from_its_configuration() {
     );
     assert_eq!(slurm_munge_socket("AuthType=auth/munge\n"), None);
 }
+
+/// A door ticket holds for its run, nonce and window (or the next and last),
+/// under the job's secret only; open and other secrets make none.
+#[test]
+fn a_door_ticket_holds_for_its_run_nonce_and_window_only() {
+    let k = key();
+    let now = 1_000_000_u64;
+    let t = k.ticket("job", "n1", now);
+    assert_eq!(t.len(), 64);
+    assert!(k.ticket_ok("job", "n1", &t, now));
+    assert!(k.ticket_ok("job", "n1", &t, now + TICKET_WINDOW));
+    assert!(
+        !k.ticket_ok("job", "n1", &t, now + 3 * TICKET_WINDOW),
+        "stale"
+    );
+    assert!(!k.ticket_ok("job", "n2", &t, now));
+    assert!(!k.ticket_ok("job2", "n1", &t, now));
+    let other = secret_var("another secret, just as long").unwrap();
+    assert!(!other.ticket_ok("job", "n1", &t, now));
+    assert!(Auth::Open.ticket("job", "n1", now).is_empty());
+    assert!(!Auth::Open.ticket_ok("job", "n1", &t, now));
+    assert!(!k.ticket_ok("job", "n1", "zz", now));
+}

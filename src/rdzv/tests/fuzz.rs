@@ -95,6 +95,7 @@ fn hello(
         auth: "none".into(),
         nonce: String::new(),
         addr: None,
+        ticket: String::new(),
     }
 }
 

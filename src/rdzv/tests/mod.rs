@@ -195,6 +195,7 @@ fn vanishing_node(port: u16) -> std::thread::JoinHandle<()> {
                 auth: "none".into(),
                 nonce: String::new(),
                 addr: None,
+                ticket: String::new(),
             },
         };
         let mut line = serde_json::to_vec(&hello).unwrap();

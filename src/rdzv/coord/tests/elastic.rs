@@ -16,6 +16,7 @@ fn hello(host: &str, hosting: bool) -> Hello {
         auth: "none".into(),
         nonce: String::new(),
         addr: None,
+        ticket: String::new(),
     }
 }
 

@@ -17,6 +17,7 @@ fn hello(host: &str, nproc: usize, hosting: bool, port: u16) -> Hello {
         auth: "none".into(),
         nonce: String::new(),
         addr: None,
+        ticket: String::new(),
     }
 }
 
