@@ -103,10 +103,11 @@ fn impossible_requests_name_what_is_short() {
         &["--master-port"],
     );
     fails(&["tune", "--work-size", "0"], 2, &["--work-size"]);
+    // Two ranks: which one's? (One rank needs no --local-rank: issue 53.)
     fails(
-        &with(&s, &["--format", "env"]),
+        &with(&s, &["-n", "2", "--format", "env"]),
         2,
-        &["--format env needs --local-rank K (0-0)"],
+        &["--format env needs --local-rank K (0-1)"],
     );
     fails(
         &with(&s, &["--format", "env", "--local-rank", "9"]),

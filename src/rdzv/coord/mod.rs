@@ -564,56 +564,10 @@ impl Coordinator {
         out.extend(self.admit_pending(now));
         out
     }
-
-    /// When the coordinator next needs a `tick` before its heartbeat one: a
-    /// newcomer's admission.
-    pub(crate) fn wake_at(&self) -> Option<Instant> {
-        if self.phase != Phase::Running {
-            return None;
-        }
-        let ready = self
-            .pending
-            .iter()
-            .map(|n| n.joined_at + ADMIT_AFTER)
-            .min()?;
-        Some(match self.last_membership {
-            Some(last) => ready.max(last + MEMBERSHIP_EVERY),
-            None => ready,
-        })
-    }
-
-    /// Stop a running round for the newcomers that have stayed `ADMIT_AFTER`
-    /// (one gone sooner never stops it), at most once every
-    /// `MEMBERSHIP_EVERY`: the running ranks restart for membership at most
-    /// twice a minute, however nodes come and go.
-    fn admit_pending(&mut self, now: Instant) -> Vec<Out> {
-        if self.wake_at().is_none_or(|at| now < at) {
-            return vec![];
-        }
-        self.last_membership = Some(now);
-        let members = self.nodes.iter().filter(|n| !n.lost).count() + self.pending.len();
-        let hosts: Vec<&str> = self.pending.iter().map(|n| n.hello.host.as_str()).collect();
-        let f = Failure {
-            round: self.round,
-            cause: format!(
-                "{} joined: the ranks restart with {members} node(s)",
-                hosts.join(", ")
-            ),
-            code: 0,
-            restartable: true,
-        };
-        self.stop_round(None, f, false)
-    }
 }
 
-/// How long a node that joins a running elastic job must stay before the
-/// running ranks stop for it: one that leaves right after its welcome
-/// stops nothing.
-pub(crate) const ADMIT_AFTER: Duration = Duration::from_millis(100);
-/// The least time between two restarts for membership (joins): at most two
-/// in a minute, whatever the churn.
-pub(crate) const MEMBERSHIP_EVERY: Duration = Duration::from_secs(30);
-
 mod admit;
+#[cfg(test)]
+use admit::ADMIT_AFTER;
 #[cfg(test)]
 mod tests;

@@ -3,6 +3,7 @@
 //! heartbeat are the real ones; only the ranks are stand-ins (the `round`
 //! closure), which say what a supervisor would.
 
+mod attacks;
 mod door;
 mod fuzz;
 

@@ -26,12 +26,15 @@ def say(m):
     f.write(json.dumps(m).encode() + b"\n"); f.flush()
 def hear():
     return json.loads(f.readline())
-say({"msg": "hello", "protocol": "threadwise.rdzv/3", "hello": {"host": "evil", "nproc": 1,
-     "nnodes": 2, "node_rank": 1, "run_id": run_id, "hosting": False, "port": 1234,
-     "auth": "munge", "nonce": nonce}})
+hello = {"host": "evil", "nproc": 1, "nnodes": 2, "min_nodes": 0, "node_rank": 1,
+         "run_id": run_id, "hosting": False, "port": 1234, "auth": "munge", "nonce": nonce}
+say({"msg": "hello", "protocol": "threadwise.rdzv/4", "hello": hello})
+# The session binds the hello as the host serialises it (its fields in order).
+import hashlib
+said = hashlib.sha256(json.dumps(hello, separators=(",", ":")).encode()).hexdigest()
 ch = hear()
 assert ch["msg"] == "challenge", ch
-payload = f"threadwise.rdzv/3 agent run={run_id} agent={nonce} host={ch['nonce']}"
+payload = f"threadwise.rdzv/4 agent run={run_id} agent={nonce} host={ch['nonce']} hello={said}"
 cred = subprocess.run(["runuser", "-u", "nobody", "--", "munge", f"--socket={sock}", "-s", payload],
                       capture_output=True, text=True, check=True).stdout.strip()
 say({"msg": "proof", "proof": cred})
