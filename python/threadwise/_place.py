@@ -168,10 +168,11 @@ def bind_doc(
     # to one rank's: the binary inherits the calling thread's mask, widened
     # for the while it starts (the other threads keep theirs).
     mine = os.sched_getaffinity(0)
-    widen = _node_cpus is not None and set(mine) != _node_cpus
+    node = _node_cpus
+    widen = node is not None and set(mine) != node
     try:
-        if widen:
-            os.sched_setaffinity(0, _node_cpus)
+        if node is not None and widen:
+            os.sched_setaffinity(0, node)
         p = subprocess.run(
             argv,
             env=dict(env if env is not None else os.environ),

@@ -1,6 +1,7 @@
 //! `threadwise run` and `threadwise bind`: the options into typed settings
-//! (`launch::settings::RunSettings`, one node's agent settings), then the launch
-//! entry point (`launch::job`) or bind's exec; the result into an exit code.
+//! (`job::settings::RunSettings`, one node's agent settings), then the job's
+//! entry point (`job::run`, with the command line's reporter) or bind's exec;
+//! the result into an exit code.
 
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
