@@ -217,16 +217,12 @@ impl Door {
     fn enter(&self, conn: Conn, ip: IpAddr, s: &TcpStream) -> bool {
         let group = addr_group(ip);
         let mut w = self.lock();
-        let push_out = if w.of(group) >= MAX_WAITING_PER_ADDR {
-            match w.oldest_unticketed(Some(group)) {
-                Some(c) => Some(c),
-                None => return false,
-            }
-        } else if w.conns.len() >= MAX_WAITING {
-            match w.oldest_unticketed(None) {
-                Some(c) => Some(c),
-                None => return false,
-            }
+        let address_full = w.of(group) >= MAX_WAITING_PER_ADDR;
+        let push_out = if address_full || w.conns.len() >= MAX_WAITING {
+            let Some(oldest) = w.oldest_unticketed(address_full.then_some(group)) else {
+                return false;
+            };
+            Some(oldest)
         } else {
             None
         };
