@@ -49,6 +49,8 @@ fn main() {
             worker_cpus: Default::default(),
             mem_nodes: vec![0],
             gpu: None,
+            roles: None,
+            corrections: Default::default(),
         })
         .collect();
     let mut s = Sampler::new(targets);

@@ -32,6 +32,13 @@ impl CpuSet {
         Self::default()
     }
 
+    /// The set of a kernel bitmap's words (bit `b` of word `w` is `64w + b`).
+    pub(crate) fn from_words(words: Vec<u64>) -> Self {
+        let mut s = CpuSet { words };
+        s.trim();
+        s
+    }
+
     /// A set holding `0..n`.
     pub fn first_n(n: usize) -> Self {
         (0..n).collect()

@@ -25,8 +25,9 @@ mod os;
 // probe -> Topology
 mod host;
 mod topology;
-// -> plan() -> Plan
+// -> plan() -> Plan (and the roles of a rank's threads)
 mod plan;
+mod roles;
 // -> export
 mod export;
 mod picture;

@@ -57,7 +57,11 @@ macro_rules! named_enum {
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        // One write of the whole line: processes sharing the stream (ranks
+        // under bind, their holders) never cut into each other's lines.
+        let mut line = format!($($arg)*);
+        line.push('\n');
+        let _ = std::io::stderr().write_all(line.as_bytes());
     }};
 }
 

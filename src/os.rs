@@ -8,22 +8,27 @@ use crate::cpuset::{CpuSet, MAX_CPU};
 /// This process's CPU affinity mask, growing the buffer until the kernel's
 /// mask fits (it refuses with EINVAL while the buffer is too small).
 pub(crate) fn get_affinity() -> std::io::Result<CpuSet> {
+    task_affinity(0)
+}
+
+/// Thread `tid`'s CPU affinity mask (0: the calling thread), one syscall
+/// where the mask fits 1024 bits.
+pub(crate) fn task_affinity(tid: libc::pid_t) -> std::io::Result<CpuSet> {
     let mut words = 16usize; // 1024 bits
     loop {
         let mut buf = vec![0u64; words];
         // SAFETY: buf is valid for words * 8 bytes, which is the size we pass.
-        let r =
-            unsafe { libc::syscall(libc::SYS_sched_getaffinity, 0, words * 8, buf.as_mut_ptr()) };
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_sched_getaffinity,
+                tid,
+                words * 8,
+                buf.as_mut_ptr(),
+            )
+        };
         if r >= 0 {
-            let mut set = CpuSet::new();
-            for (i, w) in buf.iter().enumerate() {
-                for b in 0..64 {
-                    if w & (1u64 << b) != 0 {
-                        set.insert(i * 64 + b);
-                    }
-                }
-            }
-            return Ok(set);
+            // The kernel wrote r bytes (its mask's size); the rest stays 0.
+            return Ok(CpuSet::from_words(buf));
         }
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() == Some(libc::EINVAL) && words * 64 < MAX_CPU {

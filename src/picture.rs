@@ -234,6 +234,23 @@ pub(crate) fn text(topo: &Topology, plan: Option<&Plan>, colour: bool) -> String
         tail.extend(devs);
         let _ = writeln!(out, "{} {}", " ".repeat(INDENT - 1), tail.join(" "));
     }
+    // --roles: which of each rank's cores serve (main, pin-memory, comm).
+    let roles: Vec<String> = plan
+        .iter()
+        .flat_map(|p| &p.ranks)
+        .filter_map(|r| {
+            let l = r.roles.as_ref()?;
+            Some(format!(
+                "{} service {} team {}",
+                rank_letter(r.local_rank),
+                l.service,
+                l.team
+            ))
+        })
+        .collect();
+    if !roles.is_empty() {
+        let _ = writeln!(out, "roles: {}", roles.join("; "));
+    }
     // The legend says only what this picture can show: rank letters with a
     // plan, the machine's cores and devices without one.
     out.push_str(if plan.is_some() {

@@ -362,3 +362,66 @@ def test_spawn_after_apply_plans_from_the_node(tmp_path: Path) -> None:
     assert "spawned" in out
     for i in (0, 1):
         assert load(tmp_path, i)["env"]["THREADWISE_CPUS"] == want[i]["cpus"]
+
+
+# The communication library stand-in (tests/support/comm-standin), loaded
+# after apply: its constructor re-pins the caller and starts named threads.
+STANDIN = Path(__file__).resolve().parents[2] / "tests/support/comm-standin/comm-standin.c"
+
+HOLD = """
+import ctypes, json, os, sys, time
+import threadwise
+
+out, lib, opts = sys.argv[1], sys.argv[2], sys.argv[3:]
+threadwise.apply(0, 1 if opts else 2, options=opts)
+ctypes.CDLL(lib)  # STANDIN_STYLE is in the environment: its constructor runs
+time.sleep(float(os.environ["STANDIN_SECONDS"]) + 0.3)
+masks = {}
+for tid in os.listdir("/proc/self/task"):
+    with open(f"/proc/self/task/{tid}/comm") as f:
+        name = f.read().strip()
+    with open(f"/proc/self/task/{tid}/status") as f:
+        mask = [l.split()[1] for l in f if l.startswith("Cpus_allowed_list:")][0]
+    masks[tid] = (name, mask, int(tid) == os.getpid())
+json.dump(masks, open(out, "w"))
+"""
+
+
+def standin(tmp_path: Path) -> Path:
+    so = tmp_path / "comm-standin.so"
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-pthread", "-o", str(so), str(STANDIN)], check=True)
+    return so
+
+
+def test_apply_puts_back_threads_a_library_moves(tmp_path: Path) -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: no wider mask to leak")
+    want = planned(2, tmp_path)
+    script = write(tmp_path, "hold.py", HOLD)
+    env = env_for(tmp_path, STANDIN_STYLE="2.29", STANDIN_SECONDS="1.5")
+    p = py(script, str(tmp_path / "masks.json"), str(standin(tmp_path)), env=env)
+    ok(p)
+    report = [l for l in p.stderr.splitlines() if l.startswith("standin: ")]
+    assert len(report) == 4, p.stderr
+    for line in report:
+        assert "(back: yes)" in line, p.stderr
+        assert float(line.split("outside for ")[1].split()[0]) < 1.0, line
+    assert "(comm) was on CPUs" in p.stderr and "put back on" in p.stderr, p.stderr
+    masks = json.loads((tmp_path / "masks.json").read_text())
+    assert {m for _, m, _ in masks.values()} == {want[0]["cpus"]}, masks
+
+
+def test_apply_with_roles_places_each_thread_by_its_role(tmp_path: Path) -> None:
+    doc = json.loads(tw("plan", "-n", "1", "--roles", "--json", env=env_for(tmp_path), cwd=tmp_path).stdout)
+    roles = doc["ranks"][0].get("roles")
+    if roles is None:
+        pytest.skip("one CPU: no role layout here")
+    script = write(tmp_path, "hold.py", HOLD)
+    env = env_for(tmp_path, STANDIN_STYLE="2.30", STANDIN_SECONDS="1")
+    p = py(script, str(tmp_path / "masks.json"), str(standin(tmp_path)), "--roles", env=env)
+    ok(p)
+    masks = json.loads((tmp_path / "masks.json").read_text())
+    for name, mask, main in masks.values():
+        role = "service" if main or name.startswith("NCCL ") else "team"
+        assert mask == roles[role], (name, mask, roles, masks)
+    assert "outside the rank's" not in p.stderr, p.stderr

@@ -12,6 +12,8 @@ from . import _place
 
 #: This process's worker mover (by pid: a fork does not inherit the thread).
 _movers: Dict[int, _place.WorkerMover] = {}
+#: This process's thread holder (by pid, likewise).
+_holders: Dict[int, _place.ThreadHolder] = {}
 
 
 def _warn(msg: str) -> None:
@@ -25,6 +27,7 @@ def apply_slot(
     *,
     move_workers: bool = True,
     allow_unbound: bool = False,
+    hold: bool = True,
 ) -> None:
     """Apply one rank's slot (an entry of `bind --json`'s "placements") to
     this process: its memory policy for the calling thread (and what it starts
@@ -70,6 +73,18 @@ def apply_slot(
         m = _place.WorkerMover(workers)
         m.start()
         _movers[pid] = m
+    old_holder = _holders.pop(pid, None)
+    if old_holder is not None:
+        old_holder.stopped.set()
+    if cpus:
+        # Threads a library moves off the rank's CPUs are put back (hold=False:
+        # said only); with a role layout, each goes to its role's CPUs.
+        h = _place.ThreadHolder(
+            cpus, slot.get("thread_names") or [], slot.get("roles"), hold=hold
+        )
+        h.tick()
+        h.start()
+        _holders[pid] = h
 
 
 def _placed_by_threadwise(
@@ -102,6 +117,7 @@ def apply(
     options: Sequence[str] = (),
     move_workers: bool = True,
     allow_unbound: bool = False,
+    hold: bool = True,
 ) -> Dict[str, Any]:
     """Place this process as local rank `local_rank` of `local_world_size`
     ranks on this node, and return its plan (`threadwise.plan()`).
@@ -118,8 +134,11 @@ def apply(
     already touched stay where they are), the plan's variables (for what the
     process starts from now on: DataLoader workers, subprocesses), torch's
     intra- and inter-op threads and OpenCV's when imported, and DataLoader
-    workers moved to the worker CPUs. Under `threadwise run` or `bind` the
-    process is placed already: only torch's pools are set. Call it first
+    workers moved to the worker CPUs, and a holder thread that puts back a
+    thread a library moves off the rank's CPUs (`hold=False`: said only) and,
+    with `--roles` among the options, places each thread by its role. Under
+    `threadwise run` or `bind` the process is placed (and held) already: only
+    torch's pools are set. Call it first
     thing, before torch does parallel work: a runtime that read
     OMP_NUM_THREADS at import keeps its pool, which torch.set_num_threads
     then resizes."""
@@ -164,6 +183,7 @@ def apply(
         doc.get("env_remove", []),
         move_workers=move_workers,
         allow_unbound=allow_unbound,
+        hold=hold,
     )
     p = plan()
     assert p is not None

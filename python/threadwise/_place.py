@@ -195,6 +195,9 @@ def bind_doc(
             f"{exe} printed a {doc.get('schema')!r} document, expected threadwise.bind/1: "
             "the binary and the package come from different versions; reinstall threadwise"
         )
+    # Each slot carries the table of thread names its holder reads roles by.
+    for slot in doc.get("placements", []):
+        slot["thread_names"] = doc.get("thread_names", [])
     return doc
 
 
@@ -296,3 +299,133 @@ class WorkerMover(threading.Thread):
     def run(self) -> None:
         while not self.stopped.wait(self.interval):
             self.tick()
+
+
+def thread_role(pid: int, tid: int, name: str, names: Sequence[Sequence[str]]) -> str:
+    """A thread's role as the binary's table says (`bind --json`'s
+    "thread_names"), with what only the process knows: Python's own threads
+    by their `threading` names (the DataLoader's pin-memory thread is
+    "Thread-N (_pin_memory_loop)" since Python 3.10)."""
+    if tid == pid:
+        return "main"
+    for t in threading.enumerate():
+        if t.native_id == tid and "(_pin_memory_loop)" in t.name:
+            return "pin-memory"
+    if "(_pin_" in name:
+        return "pin-memory"
+    for prefix, role in names:
+        if name.startswith(prefix):
+            return role
+    return "unknown"
+
+
+SERVICE_ROLES = ("main", "pin-memory", "comm")
+
+
+class ThreadHolder(threading.Thread):
+    """What `run`'s supervisor does from outside (src/proc/hold.rs, the same
+    rules), done from inside for ranks no threadwise supervises: every
+    200 ms, a thread seen outside the rank's CPUs twice in a row is put back
+    on its role's CPUs and said; with a role layout, a thread whose mask is
+    an inherited one (the rank's, the service or team set) goes to its
+    role's CPUs. A mask of its own choosing inside the rank stays. A daemon
+    thread: it ends with the process."""
+
+    def __init__(
+        self,
+        cpus: Sequence[int],
+        names: Sequence[Sequence[str]],
+        roles: Optional[Mapping[str, Sequence[int]]] = None,
+        hold: bool = True,
+        interval: float = 0.2,
+    ) -> None:
+        super().__init__(name="threadwise-hold", daemon=True)
+        self.cpus = frozenset(cpus)
+        self.names = [(str(p), str(r)) for p, r in names]
+        self.service = frozenset(roles["service"]) if roles else None
+        self.team = frozenset(roles["team"]) if roles else None
+        self.hold = hold
+        self.interval = interval
+        self.seen: Dict[int, Dict[str, Any]] = {}
+        self.corrections: Dict[int, int] = {}
+        self.stopped = threading.Event()
+
+    def target(self, role: str) -> "frozenset[int]":
+        if self.service is None or self.team is None:
+            return self.cpus
+        return self.service if role in SERVICE_ROLES else self.team
+
+    def tick(self) -> List[str]:
+        """One look at every thread; the corrections, in words."""
+        said: List[str] = []
+        pid = os.getpid()
+        tids = threads_of("self")
+        for gone in set(self.seen) - set(tids):
+            del self.seen[gone]
+        for tid in tids:
+            try:
+                mask = frozenset(os.sched_getaffinity(tid))
+            except OSError:
+                continue
+            s = self.seen.setdefault(tid, {"ticks": 0, "off": 0, "set": None, "name": ""})
+            if s["ticks"] < 50:
+                try:
+                    with open(f"/proc/self/task/{tid}/comm") as f:
+                        s["name"] = f.read().rstrip("\n")
+                except OSError:
+                    pass
+                s["role"] = thread_role(pid, tid, s["name"], self.names)
+            s["ticks"] += 1
+            role, target = s["role"], self.target(s["role"])
+            if not mask <= self.cpus:
+                s["off"] += 1
+                if s["off"] < 2:
+                    continue
+                s["off"] = 0
+                applied = self.hold and _set(tid, target)
+                if applied:
+                    s["set"] = target
+                self.corrections[tid] = self.corrections.get(tid, 0) + 1
+                said.append(
+                    f"thread {tid} '{s['name']}' ({role}) was on CPUs {_cpulist(mask)}, outside "
+                    "the rank's: "
+                    + (
+                        f"put back on {_cpulist(target)}"
+                        if applied
+                        else f"left there (hold off; its role's CPUs are {_cpulist(target)})"
+                    )
+                )
+                continue
+            s["off"] = 0
+            if self.service is None or self.team is None or mask == target:
+                continue
+            if mask in (self.cpus, self.service, self.team) or mask == s["set"]:
+                if self.hold and _set(tid, target):
+                    s["set"] = target
+        return said
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            for line in self.tick():
+                print(f"threadwise: warning: {line}", file=sys.stderr, flush=True)
+
+
+def _set(tid: int, cpus: "frozenset[int]") -> bool:
+    try:
+        os.sched_setaffinity(tid, cpus)
+        return True
+    except OSError:
+        return False
+
+
+def _cpulist(cpus: "frozenset[int]") -> str:
+    """A CPU list as the binary writes it: 0-3,8."""
+    out: List[str] = []
+    for c in sorted(cpus):
+        if out and "-" not in out[-1].split(",")[-1] and int(out[-1]) == c - 1:
+            out[-1] = f"{c - 1}-{c}"
+        elif out and "-" in out[-1] and int(out[-1].split("-")[1]) == c - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{c}"
+        else:
+            out.append(str(c))
+    return ",".join(out)

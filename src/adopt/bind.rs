@@ -8,7 +8,7 @@ use std::os::unix::process::CommandExt;
 use crate::launch::{LaunchError, RankLaunch, resolve};
 
 /// Apply the rank's placement and exec; returns only on failure.
-pub(crate) fn exec_rank(r: &RankLaunch, allow_unbound: bool) -> LaunchError {
+pub(crate) fn exec_rank(r: &RankLaunch, allow_unbound: bool, hold: bool) -> LaunchError {
     let Some(program) = r.argv.first() else {
         return LaunchError::NoCommand;
     };
@@ -30,6 +30,7 @@ pub(crate) fn exec_rank(r: &RankLaunch, allow_unbound: bool) -> LaunchError {
         placement.mem = None;
         applied = placement.apply();
     }
+    let placed = applied.is_ok();
     if let Err((what, source)) = applied {
         if !allow_unbound {
             return LaunchError::Placement {
@@ -44,6 +45,16 @@ pub(crate) fn exec_rank(r: &RankLaunch, allow_unbound: bool) -> LaunchError {
             "threadwise: warning: rank {} runs unbound ({what} refused: {source})",
             r.local_rank
         );
+    }
+    // Placed: a holder keeps the threads there (a bound rank only).
+    if let Some(spec) = r.hold.as_ref().filter(|_| placed) {
+        if let Err(e) = super::holder::start(r.local_rank, spec, hold) {
+            crate::say!(
+                "threadwise: warning: rank {}: its threads are placed but not held \
+                 (the holder did not start: {e})",
+                r.local_rank
+            );
+        }
     }
     let err = std::process::Command::new(program)
         .args(&r.argv[1..])

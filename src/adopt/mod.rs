@@ -5,4 +5,5 @@
 
 pub(crate) mod bind;
 pub(crate) mod detect;
+pub(crate) mod holder;
 pub(crate) mod slice;

@@ -164,6 +164,10 @@ pub(crate) fn bind_json(
                 "mem_mode": mode,
                 "mem_nodes": nodes.iter().collect::<Vec<_>>(),
                 "threads": r.threads,
+                "roles": r.roles.as_ref().map(|l| serde_json::json!({
+                    "service": l.service.iter().collect::<Vec<_>>(),
+                    "team": l.team.iter().collect::<Vec<_>>(),
+                })),
                 "env": r.env,
             })
         })
@@ -176,6 +180,11 @@ pub(crate) fn bind_json(
         "env": l.env,
         "env_remove": plan.unset_env,
         "placements": ranks,
+        // The Python helper's holder names roles by this table: one table.
+        "thread_names": crate::roles::NAMES
+            .iter()
+            .map(|(prefix, role, _)| (prefix, role.name()))
+            .collect::<Vec<_>>(),
         "plan": plan,
     });
     Ok(serde_json::to_string_pretty(&doc)? + "\n")

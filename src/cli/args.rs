@@ -73,6 +73,9 @@ pub(crate) enum Command {
     /// Kill and remove a job cgroup when stdin closes (started by run itself)
     #[command(name = "__watchdog", hide = true)]
     Watchdog { dir: PathBuf },
+    /// Hold a bound rank's threads in place (started by bind itself)
+    #[command(name = "__hold", hide = true)]
+    Hold(super::hold::HoldCmd),
 }
 
 /// Where the topology comes from (default: this machine).
@@ -125,7 +128,8 @@ value_enum!(
     Profile,
     WaitPolicy,
     PlanFormat,
-    Strategy
+    Strategy,
+    crate::proc::hold::Hold
 );
 
 /// The planner's defaults: the one source of every plan option's default.
@@ -184,6 +188,10 @@ pub(crate) struct PlanArgs {
     /// Keep cores for the OS, IRQs and the launcher: N per NUMA node, or cpus:LIST
     #[arg(hide_short_help = true, long, value_name = "N|cpus:LIST", default_value_t = d().reserve, value_parser = parse_reserve)]
     pub reserve: Reserve,
+    /// Place threads by role: main, pin-memory and communication threads on a core of their
+    /// own, the compute team on the rest (docs/how-it-works.md)
+    #[arg(long)]
+    pub roles: bool,
 }
 
 #[derive(Args, Debug)]
@@ -262,6 +270,8 @@ pub(crate) struct RunCmd {
     /// program) on the rank's CPUs instead of moving them to its worker CPUs
     #[arg(hide_short_help = true, long, help_heading = "Launch")]
     pub no_move_workers: bool,
+    #[command(flatten)]
+    pub hold: super::hold::HoldArg,
     /// Show the live view (threadwise top) in place of the ranks' output
     /// (which still goes to --log-dir)
     #[arg(help_heading = "Output", long)]
@@ -402,7 +412,8 @@ pub(crate) struct RunCmd {
 
 #[derive(Args, Debug)]
 pub(crate) struct TopCmd {
-    /// Watch these processes as ranks (default: the newest threadwise run)
+    /// Watch these processes as ranks, or the ranks of these threadwise runs (default: the
+    /// newest threadwise run)
     #[arg(long, value_name = "PID", num_args = 1.., conflicts_with = "all")]
     pub pid: Vec<i32>,
     /// Every rank torchrun, srun or mpirun started that you may read
@@ -469,6 +480,8 @@ pub(crate) struct BindCmd {
     /// Run unbound when the kernel refuses the binding
     #[arg(long)]
     pub allow_unbound: bool,
+    #[command(flatten)]
+    pub hold: super::hold::HoldArg,
     /// Print this rank's slice as JSON (threadwise.bind/1, what the Python
     /// helper's apply and spawn read); exec nothing
     #[arg(long, conflicts_with = "dry_run")]

@@ -274,6 +274,7 @@ fn run_settings(
             a.local_ranks_filter
         },
         move_workers: !a.no_move_workers,
+        hold: a.hold.on(),
         log_dir: a.log_dir,
         allow_unbound: a.allow_unbound,
         max_restarts: a.max_restarts,
@@ -384,10 +385,7 @@ pub(super) fn run(a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> {
     let top = TopWatcher::new(&s.plan, &s.topology, &s.command, live);
     Ok(Exit(job::run(
         &s,
-        Arc::new(super::report::Stderr {
-            top,
-            quiet: s.quiet,
-        }),
+        Arc::new(super::report::Stderr::new(top, s.quiet)),
     )?))
 }
 
@@ -453,7 +451,7 @@ pub(super) fn bind_cmd(a: BindCmd) -> Result<Exit, Failure> {
         };
         return super::emit(&prepare::dry_run(&one, &[l], false, &current));
     }
-    Err(bind::exec_rank(&l, a.allow_unbound).into())
+    Err(bind::exec_rank(&l, a.allow_unbound, a.hold.on()).into())
 }
 
 #[cfg(test)]

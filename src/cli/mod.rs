@@ -3,6 +3,7 @@
 
 mod args;
 mod doctor;
+mod hold;
 mod launch;
 mod pet;
 mod report;
@@ -364,6 +365,7 @@ pub(crate) fn main() -> i32 {
         Command::Man { sub, dir } => man(sub.as_deref(), dir.as_deref()),
         c @ Command::Completions { .. } => generated(&c),
         Command::Watchdog { dir } => Ok(Exit(crate::proc::contain::watchdog(&dir))),
+        Command::Hold(a) => Ok(Exit(hold::hold_cmd(a))),
     };
     match result {
         Ok(Exit(code)) => code,

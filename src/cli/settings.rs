@@ -79,6 +79,7 @@ pub(super) fn request(a: &PlanArgs) -> PlanRequest {
         omp_bind: a.omp_bind,
         omp_wait: a.omp_wait,
         reserve: a.reserve.clone(),
+        roles: a.roles,
         unset_threads: false,
     }
 }
@@ -221,7 +222,7 @@ mod tests {
                 proptest::sample::select(WaitPolicy::ALL),
             ),
             (amount.clone(), amount),
-            (any::<[bool; 4]>(), 1usize..8),
+            (any::<[bool; 5]>(), 1usize..8),
             prop_oneof![
                 Just(Reserve::None),
                 (1usize..4).prop_map(Reserve::PerNode),
@@ -258,6 +259,7 @@ mod tests {
                         omp_bind: b[3],
                         omp_wait,
                         reserve,
+                        roles: b[4],
                         // tune's baseline only: no command-line spelling.
                         unset_threads: false,
                     }

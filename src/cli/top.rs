@@ -38,7 +38,13 @@ fn text(v: &View) -> String {
 fn find_targets(a: &TopCmd) -> Result<Vec<Target>, Failure> {
     if !a.pid.is_empty() {
         let mut out = vec![];
+        let runs = find::live_runs();
         for (i, pid) in a.pid.iter().enumerate() {
+            // A `threadwise run`'s own pid: its ranks, as its state file says.
+            if let Some(r) = runs.iter().find(|r| r.pid == *pid) {
+                out.extend(r.ranks.iter().cloned());
+                continue;
+            }
             let env = crate::measure::process::environ(*pid).map_err(|e| {
                 Failure::usage(
                     format!("--pid {pid}: cannot read the process: {e}"),
@@ -52,6 +58,8 @@ fn find_targets(a: &TopCmd) -> Result<Vec<Target>, Failure> {
                 worker_cpus: Default::default(),
                 mem_nodes: vec![],
                 gpu: None,
+                roles: None,
+                corrections: Default::default(),
             });
             if t.cpus.is_empty() {
                 t.cpus = crate::measure::process::affinity(*pid);

@@ -153,6 +153,10 @@ pub(super) fn parse_rdzv_conf(s: &str) -> Result<RdzvConf, String> {
     Ok(conf)
 }
 
+pub(super) fn parse_cpus(s: &str) -> Result<crate::cpuset::CpuSet, String> {
+    crate::cpuset::CpuSet::parse_list(s).map_err(|e| e.to_string())
+}
+
 pub(super) fn parse_interval(s: &str) -> Result<Duration, String> {
     secs(s, 0.05, 3600.0)
 }

@@ -28,10 +28,10 @@ impl Exporter<Plan, Context> for Table {
                 let nodes: Vec<String> = r.mem_nodes.iter().map(usize::to_string).collect();
                 format!("{} {}", r.mem_policy, nodes.join(","))
             };
-            let cpus = if r.bind {
-                r.cpus.to_string()
-            } else {
-                format!("{} (unbound)", r.cpus)
+            let cpus = match (&r.roles, r.bind) {
+                (Some(l), _) => format!("{} (service {}, team {})", r.cpus, l.service, l.team),
+                (None, true) => r.cpus.to_string(),
+                (None, false) => format!("{} (unbound)", r.cpus),
             };
             let gpu = match (&r.gpu, r.gpu_ordinal) {
                 (Some(bus), Some(i)) => format!("cuda:{i} {bus}"),

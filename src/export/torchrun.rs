@@ -50,6 +50,7 @@ pub(crate) fn request_args(req: &PlanRequest) -> Vec<String> {
         ("--amp", req.amp, d.amp),
         ("--oversubscribe", req.oversubscribe, d.oversubscribe),
         ("--omp-bind", req.omp_bind, d.omp_bind),
+        ("--roles", req.roles, d.roles),
     ] {
         if on && !default {
             a.push(flag.to_string());

@@ -36,6 +36,13 @@ pub(crate) enum Event<'a> {
         ranks: &'a [(usize, i32)],
         log_dir: Option<&'a Path>,
     },
+    /// A thread of a rank found outside the rank's CPUs, and put back
+    /// (unless `--hold off`).
+    Held {
+        round: u32,
+        local_rank: usize,
+        correction: &'a crate::proc::hold::Correction,
+    },
     /// A line a rank printed (global rank), for reporters that read lines.
     Line { rank: usize, line: &'a str },
     /// A round's ranks all ended here (None: they could not start).

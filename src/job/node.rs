@@ -10,8 +10,9 @@ use super::settings::RunSettings;
 use crate::launch::env::current;
 use crate::launch::output::{LineSink, OutputOptions};
 use crate::launch::prepare::{self, ErrorFiles};
-use crate::launch::supervise::{self, Peer, RunOptions, Spawned};
+use crate::launch::supervise::{self, Held, Peer, RunOptions, Spawned};
 use crate::launch::{LaunchError, RankLaunch};
+use crate::proc::hold::Correction;
 
 /// What `run` says before starting: replaced variables, a log directory
 /// that will not hold.
@@ -27,20 +28,29 @@ pub(crate) fn before_start(s: &RunSettings, launches: &[RankLaunch], r: &dyn Rep
     }
 }
 
-/// The round's hook for the pids and its line sink, both into `r`; `also`
-/// reads the lines too (tune's report of global rank 0's throughput).
+/// The round's hooks for the pids and the threads held in place, and its
+/// line sink, all into `r`; `also` reads the lines too (tune's report of
+/// global rank 0's throughput).
 pub(super) fn hooks(
     r: &Shared,
     round: u32,
     log_dir: Option<&Path>,
     also: Option<LineSink>,
-) -> (Spawned, Option<LineSink>) {
+) -> (Spawned, Held, Option<LineSink>) {
     let (rep, dir) = (r.clone(), log_dir.map(Path::to_path_buf));
     let spawned = Spawned(Arc::new(move |ranks: &[(usize, i32)]| {
         rep.event(&Event::Started {
             round,
             ranks,
             log_dir: dir.as_deref(),
+        })
+    }));
+    let rep = r.clone();
+    let held = Held(Arc::new(move |local_rank, c: &Correction| {
+        rep.event(&Event::Held {
+            round,
+            local_rank,
+            correction: c,
         })
     }));
     let lines = r.lines().then(|| {
@@ -54,7 +64,7 @@ pub(super) fn hooks(
         }) as LineSink),
         (a, b) => a.or(b),
     };
-    (spawned, sink)
+    (spawned, held, sink)
 }
 
 /// Start this node's ranks and supervise them to the end; `errors` holds
@@ -73,7 +83,7 @@ pub(crate) fn supervise_node(
         l.program = Some(s.program.clone());
     }
     let log_dir = errors.logs().map(Path::to_path_buf);
-    let (on_spawned, sink) = hooks(r, round, log_dir.as_deref(), sink);
+    let (on_spawned, on_held, sink) = hooks(r, round, log_dir.as_deref(), sink);
     let opts = RunOptions {
         grace: s.grace,
         output: OutputOptions {
@@ -86,6 +96,8 @@ pub(crate) fn supervise_node(
         },
         timeout: None,
         move_workers: s.move_workers,
+        hold: s.hold,
+        on_held: Some(on_held),
         on_spawned: Some(on_spawned),
         log_dir,
         peer,

@@ -30,6 +30,8 @@ pub(crate) struct RunSettings {
     /// under `run --top`, whose view takes the terminal).
     pub show: Option<Vec<usize>>,
     pub move_workers: bool,
+    /// Put back threads that leave their rank's CPUs (`--hold`).
+    pub hold: bool,
     pub log_dir: Option<PathBuf>,
     pub allow_unbound: bool,
     /// Restarts of the ranks after a failure (`--max-restarts`), on one node

@@ -33,7 +33,7 @@ pub(crate) struct Trial<'a> {
 
 /// Run a trial's ranks to their end; `r` hears them start and each line.
 pub(crate) fn run(t: &Trial<'_>, r: Shared) -> Result<Outcome, LaunchError> {
-    let (spawned, sink) = super::node::hooks(&r, 0, None, None);
+    let (spawned, held, sink) = super::node::hooks(&r, 0, None, None);
     let opts = RunOptions {
         grace: t.grace,
         timeout: Some(t.timeout),
@@ -48,6 +48,8 @@ pub(crate) fn run(t: &Trial<'_>, r: Shared) -> Result<Outcome, LaunchError> {
         log_dir: None,
         on_spawned: Some(spawned),
         move_workers: t.move_workers,
+        hold: true,
+        on_held: Some(held),
         peer: None,
     };
     let o = supervise::run(t.launches, &opts);

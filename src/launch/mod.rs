@@ -183,6 +183,10 @@ pub(crate) fn rank_launch(
         mem,
         worker_mask: (rank.bind && !rank.worker_cpus.is_empty() && rank.worker_cpus != rank.cpus)
             .then(|| os::mask_words(&rank.worker_cpus)),
+        hold: rank.bind.then(|| crate::proc::hold::HoldSpec {
+            cpus: rank.cpus.clone(),
+            roles: rank.roles.clone(),
+        }),
     }
 }
 

@@ -158,8 +158,19 @@ pub(crate) fn placement_line(launches: &[RankLaunch], rank_base: usize) -> Strin
             .cloned()
             .unwrap_or_else(|| "none".into())
     });
+    let roles = match launches
+        .iter()
+        .any(|l| l.env.contains_key("THREADWISE_SERVICE_CPUS"))
+    {
+        true => format!(
+            "; roles: service {}, team {}",
+            each(&env("THREADWISE_SERVICE_CPUS")),
+            each(&env("THREADWISE_TEAM_CPUS"))
+        ),
+        false => String::new(),
+    };
     format!(
-        "{ranks}: cpus {}; threads {}; workers {}; memory {}; GPU {gpus}",
+        "{ranks}: cpus {}; threads {}; workers {}; memory {}; GPU {gpus}{roles}",
         each(&|l| if l.cpus.is_empty() {
             "unbound".into()
         } else {

@@ -31,6 +31,11 @@ pub(crate) struct RunOptions {
     pub on_spawned: Option<Spawned>,
     /// Move each rank's DataLoader workers to its worker CPUs (see workers.rs).
     pub move_workers: bool,
+    /// Put back threads that leave their rank's CPUs (false: `--hold off`,
+    /// watch and say only; see proc/hold.rs).
+    pub hold: bool,
+    /// Told every thread found outside its rank's CPUs (local rank, what).
+    pub on_held: Option<Held>,
     /// The rest of a multi-node job (see `cluster`): told of our failure,
     /// asked whether the job ended elsewhere.
     pub peer: Option<Arc<dyn Peer>>,
@@ -63,6 +68,19 @@ pub(crate) type SpawnedFn = dyn Fn(&[(usize, i32)]) + Send + Sync;
 impl std::fmt::Debug for Spawned {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Spawned(..)")
+    }
+}
+
+/// A callback with each correction of a rank's threads.
+#[derive(Clone)]
+pub(crate) struct Held(pub Arc<HeldFn>);
+
+/// Called with the local rank and the correction.
+pub(crate) type HeldFn = dyn Fn(usize, &crate::proc::hold::Correction) + Send + Sync;
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Held(..)")
     }
 }
 
@@ -117,6 +135,7 @@ struct Running {
     /// The highest VmHWM seen after exec: the rank's own peak RSS.
     hwm_kib: Option<i64>,
     mover: Option<crate::proc::workers::Mover>,
+    holder: Option<(usize, crate::proc::hold::Holder)>,
 }
 
 /// How often the ranks' peak RSS is read from /proc, and their new
@@ -479,14 +498,22 @@ impl Watch {
         self.apply(acts);
     }
 
-    /// Read every live rank's peak RSS; move new DataLoader workers.
-    fn sample(&mut self) {
+    /// Read every live rank's peak RSS; move new DataLoader workers; hold
+    /// the ranks' threads in place.
+    fn sample(&mut self, on_held: Option<&Held>) {
         for r in self.running.iter_mut().filter(|r| r.result.is_none()) {
             if let Some(h) = own_hwm_kib(r.pid) {
                 r.hwm_kib = Some(r.hwm_kib.map_or(h, |o| o.max(h)));
             }
             if let Some(m) = &mut r.mover {
                 m.tick(r.pid);
+            }
+            if let Some((local, h)) = &mut r.holder {
+                for c in h.tick(r.pid) {
+                    if let Some(Held(f)) = on_held {
+                        f(*local, &c);
+                    }
+                }
             }
         }
     }
@@ -539,6 +566,12 @@ impl Watch {
                         .clone()
                         .filter(|_| opts.move_workers)
                         .map(crate::proc::workers::Mover::new),
+                    holder: l.hold.clone().map(|spec| {
+                        (
+                            l.local_rank,
+                            crate::proc::hold::Holder::new(spec, opts.hold),
+                        )
+                    }),
                 })
                 .collect(),
             machine: Machine::new(ranks.len(), opts.grace, opts.timeout.map(|t| start + t)),
@@ -562,7 +595,7 @@ fn supervise(w: &mut Watch, ranks: &[RankLaunch], opts: &RunOptions, signals: &S
         };
         let got = signals.wait(wait.max(0));
         if Instant::now() >= next_sample {
-            w.sample();
+            w.sample(opts.on_held.as_ref());
             next_sample = Instant::now() + SAMPLE;
         }
         for (pid, status, ru) in reap() {

@@ -13,6 +13,10 @@ use crate::cpuset::CpuSet;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Thread {
     pub tid: i32,
+    /// Its name (`comm`, from the stat line).
+    pub name: String,
+    /// Its affinity mask (empty when it could not be read).
+    pub allowed: crate::cpuset::CpuSet,
     /// R running or runnable, S sleeping, D, T, Z ...
     pub state: char,
     /// The CPU it last ran on.
@@ -102,7 +106,12 @@ impl ProcReader {
     fn thread(&mut self, task: &std::fs::File, tid: i32, cs: bool) -> Option<Thread> {
         let name = std::ffi::CString::new(format!("{tid}/stat")).ok()?;
         let stat = self.read_at(task, &name)?;
-        let rest = &stat[stat.rfind(')')? + 2..];
+        let close = stat.rfind(')')?;
+        let comm = stat[..close]
+            .split_once('(')
+            .map_or("", |(_, c)| c)
+            .to_string();
+        let rest = &stat[close + 2..];
         // Fields after the comm: state is 3, utime 14, stime 15, processor 39
         // (1-based): taken in one pass, nothing collected.
         let (mut state, mut utime, mut stime, mut cpu) = (None, None, None, None);
@@ -120,6 +129,8 @@ impl ProcReader {
         }
         let mut t = Thread {
             tid,
+            name: comm,
+            allowed: crate::os::task_affinity(tid).unwrap_or_default(),
             state: state?,
             utime: utime?,
             stime: stime?,

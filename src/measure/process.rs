@@ -74,6 +74,13 @@ pub(crate) fn comm(pid: i32) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
+/// Thread `tid` of `pid`: its name.
+pub(crate) fn comm_of_task(pid: i32, tid: i32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+        .ok()
+        .map(|s| s.trim_end_matches('\n').to_string())
+}
+
 /// The fields of /proc/PID/stat after the command: `[0]` is the state
 /// (field 3), `[1]` the parent (field 4) ... `[36]` the last CPU (field 39).
 fn stat_field(pid: i32, index: usize) -> Option<String> {

@@ -160,6 +160,11 @@ pub(super) fn rank_env(
         }
     }
     set("THREADWISE_CPUS", rank.cpus.to_string());
+    if let Some(l) = &rank.roles {
+        // For the Python helper, which places the threads it knows.
+        set("THREADWISE_SERVICE_CPUS", l.service.to_string());
+        set("THREADWISE_TEAM_CPUS", l.team.to_string());
+    }
     set("THREADWISE_NUM_THREADS", rank.threads.to_string());
     set("THREADWISE_NUM_WORKERS", rank.workers.to_string());
     set("THREADWISE_WORKER_CPUS", rank.worker_cpus.to_string());

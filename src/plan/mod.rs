@@ -7,6 +7,7 @@
 mod env;
 mod place;
 mod request;
+mod roles;
 mod sizing;
 
 use std::collections::BTreeMap;
@@ -128,6 +129,10 @@ pub struct RankPlan {
     pub gpu_ordinal: Option<usize>,
     pub threads: usize,
     pub workers: usize,
+    /// Where each role's threads run (`--roles`, where the rank has the
+    /// cores for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roles: Option<crate::roles::RoleCpus>,
     pub env: BTreeMap<String, String>,
     pub reasons: Vec<String>,
 }
@@ -374,6 +379,7 @@ pub fn plan(topo: &Topology, req: &PlanRequest, facts: &Facts) -> Result<Plan, P
         .enumerate()
         .map(|(i, slice)| {
             let mut rank = rank_plan(topo, req, i, slice, rank_gpus[i], &selected, n);
+            roles::place_roles(topo, req, &mut rank);
             rank.env = env::rank_env(req, &rank, &selected, rank_gpus[i], allocator.as_ref());
             rank
         })
@@ -480,6 +486,7 @@ fn rank_plan(
         gpu_ordinal,
         threads: size.threads,
         workers: size.workers,
+        roles: None,
         env: BTreeMap::new(),
         reasons: rank_reasons,
     }

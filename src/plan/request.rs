@@ -157,6 +157,11 @@ pub struct PlanRequest {
     /// Cores kept for the OS, IRQs and the launcher.
     #[serde(default)]
     pub reserve: Reserve,
+    /// Place threads by role: the main thread and the service threads
+    /// (pin-memory, communication) on a core of their own, the team on the
+    /// rest (`roles`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub roles: bool,
     /// What the user has without threadwise (tune's `unset` baseline): no
     /// thread-count variable, no THREADWISE_* variable, nothing of the plan.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -181,6 +186,7 @@ impl Default for PlanRequest {
             omp_bind: false,
             omp_wait: WaitPolicy::Default,
             reserve: Reserve::None,
+            roles: false,
             unset_threads: false,
         }
     }

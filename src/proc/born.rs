@@ -342,6 +342,7 @@ mod tests {
             cpus: String::new(),
             mem: String::new(),
             worker_mask: None,
+            hold: None,
         }
     }
 

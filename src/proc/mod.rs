@@ -7,6 +7,7 @@
 
 pub(crate) mod born;
 pub(crate) mod contain;
+pub(crate) mod hold;
 pub(crate) mod signals;
 pub(crate) mod vm;
 pub(crate) mod workers;
@@ -34,4 +35,6 @@ pub(crate) struct RankLaunch {
     pub mem: String,
     /// Where `run` moves the rank's DataLoader workers (when not its own CPUs).
     pub worker_mask: Option<Vec<u64>>,
+    /// Where its threads are held (a bound rank).
+    pub hold: Option<hold::HoldSpec>,
 }

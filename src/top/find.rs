@@ -121,6 +121,11 @@ pub(crate) fn target_from_env(pid: i32, env: &BTreeMap<String, String>) -> Optio
             .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
             .unwrap_or_default(),
         gpu: env.get("THREADWISE_GPU").cloned(),
+        // Under bind and spawn the plan's role layout is in the variables.
+        roles: set("THREADWISE_SERVICE_CPUS")
+            .zip(set("THREADWISE_TEAM_CPUS"))
+            .map(|(service, team)| crate::roles::RoleCpus { service, team }),
+        corrections: BTreeMap::new(),
     })
 }
 

@@ -39,6 +39,12 @@ pub struct Target {
     /// The PCI bus id of the GPU its plan named.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<String>,
+    /// Where its roles run (`--roles`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roles: Option<crate::roles::RoleCpus>,
+    /// Corrections of its threads so far, by thread id (`run`'s holder).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub corrections: BTreeMap<i32, u32>,
 }
 
 /// One rank's process tree at one moment.
@@ -174,6 +180,23 @@ pub struct RankView {
     /// Its GPU as NVML sees it (null without NVML or a GPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuView>,
+    /// Each thread of its own process, with its role.
+    #[serde(default)]
+    pub by_thread: Vec<ThreadView>,
+}
+
+/// One thread of a rank: what it is, where it may run, where its role
+/// belongs, and how often `run` put it back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThreadView {
+    pub tid: i32,
+    pub name: String,
+    pub role: crate::roles::Role,
+    /// Its affinity mask.
+    pub cpus: CpuSet,
+    /// Where its role belongs: the role layout's CPUs, else the rank's.
+    pub role_cpus: CpuSet,
+    pub corrections: u32,
 }
 
 /// A rank's GPU: the planned GPU's utilisation, the memory the rank's

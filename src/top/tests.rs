@@ -7,6 +7,12 @@ use crate::measure::proc::{Process, Thread};
 fn thread(tid: i32, state: char, cpu: usize, ticks: u64, invol: u64) -> Thread {
     Thread {
         tid,
+        name: if tid == 100 {
+            "python".into()
+        } else {
+            "pt_gloo_runloop".into()
+        },
+        allowed: CpuSet::parse_list("0-3").unwrap(),
         state,
         cpu,
         utime: ticks,
@@ -36,6 +42,8 @@ fn target(cpus: &str) -> Target {
         worker_cpus: CpuSet::parse_list("2-3").unwrap(),
         mem_nodes: vec![0],
         gpu: None,
+        roles: None,
+        corrections: Default::default(),
     }
 }
 
@@ -85,6 +93,32 @@ fn rates_and_cpus_run_on() {
     assert_eq!(r.runnable, 1);
     assert_eq!(v.cpu_busy_pct[&0], 50.0);
     assert!(v.alerts.is_empty(), "{:?}", v.alerts);
+    // Each thread's role and CPUs: the whole rank's without --roles.
+    let by: Vec<(i32, crate::roles::Role, String)> = r
+        .by_thread
+        .iter()
+        .map(|x| (x.tid, x.role, x.role_cpus.to_string()))
+        .collect();
+    use crate::roles::Role;
+    assert_eq!(
+        by,
+        [
+            (100, Role::Main, "0-1".into()),
+            (101, Role::Comm, "0-1".into())
+        ]
+    );
+    // With a role layout and a correction of thread 101.
+    let mut t = target("0-1");
+    t.roles = Some(crate::roles::RoleCpus {
+        service: CpuSet::parse_list("0").unwrap(),
+        team: CpuSet::parse_list("1").unwrap(),
+    });
+    t.corrections.insert(101, 2);
+    let v = view(&[t], &a, &b, 100.0);
+    let th = &v.ranks[0].by_thread;
+    assert_eq!(th[1].role_cpus.to_string(), "0", "comm serves with main");
+    assert_eq!((th[0].corrections, th[1].corrections), (0, 2));
+    assert_eq!(th[1].name, "pt_gloo_runloop");
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
     Alert, AlertKind, PREEMPTED_PER_S, REMOTE_PCT, RankSnap, RankView, Snapshot, TOP_SCHEMA,
-    Target, View, WorkerView,
+    Target, ThreadView, View, WorkerView,
 };
 use crate::cpuset::CpuSet;
 use crate::measure::proc::{self, Process};
@@ -114,6 +114,7 @@ fn gone(t: &Target, alerts: &mut Vec<Alert>) -> RankView {
         local_pages_pct: None,
         workers: vec![],
         gpu: None,
+        by_thread: vec![],
     }
 }
 
@@ -196,7 +197,27 @@ fn rank_view(
         local_pages_pct,
         workers,
         gpu: None,
+        by_thread: thread_views(t, main),
     }
+}
+
+/// Each thread of the rank's own process: its role, its mask, its role's
+/// CPUs and the corrections `run` made to it.
+fn thread_views(t: &Target, main: &crate::measure::proc::Process) -> Vec<ThreadView> {
+    main.threads
+        .iter()
+        .map(|th| {
+            let role = crate::roles::classify(main.pid, th.tid, &th.name, None);
+            ThreadView {
+                tid: th.tid,
+                name: th.name.clone(),
+                role,
+                cpus: th.allowed.clone(),
+                role_cpus: t.roles.as_ref().map_or(&t.cpus, |l| l.of(role)).clone(),
+                corrections: t.corrections.get(&th.tid).copied().unwrap_or(0),
+            }
+        })
+        .collect()
 }
 
 /// A rank's workers (its child processes) over the interval, with their

@@ -38,6 +38,8 @@ pub(crate) fn targets(
                 },
                 mem_nodes: r.mem_nodes.clone(),
                 gpu: r.gpu.clone(),
+                roles: r.roles.clone().filter(|_| r.bind),
+                corrections: Default::default(),
             })
         })
         .collect()
@@ -47,6 +49,8 @@ pub(crate) fn targets(
 #[derive(Default)]
 pub(crate) struct RunWatch {
     state_file: Mutex<Option<PathBuf>>,
+    /// What the state file says (its ranks' corrections grow as they come).
+    state: Mutex<Option<RunState>>,
     view: Mutex<Option<JoinHandle<()>>>,
     done: AtomicBool,
 }
@@ -69,7 +73,10 @@ impl RunWatch {
             log_dir,
         };
         match find::write_state(&state) {
-            Ok(f) => *self.state_file.lock().unwrap_or_else(|e| e.into_inner()) = Some(f),
+            Ok(f) => {
+                *self.state_file.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
+                *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(state);
+            }
             Err(e) => crate::say!("threadwise: note: top cannot find this run: {e}"),
         }
         if w.live {
@@ -83,6 +90,20 @@ impl RunWatch {
             });
             *self.view.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
         }
+    }
+
+    /// A thread of `local_rank` was put back: counted in the state file, for
+    /// `top`.
+    fn held(&self, local_rank: usize, tid: i32) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(s) = state.as_mut() else {
+            return;
+        };
+        if let Some(t) = s.ranks.iter_mut().find(|t| t.local_rank == local_rank) {
+            *t.corrections.entry(tid).or_default() += 1;
+        }
+        // The same file, rewritten whole (a reader sees the old or the new).
+        let _ = find::write_state(s);
     }
 
     /// The run ended: close the view, remove the state file.
@@ -145,6 +166,17 @@ impl TopWatcher {
                 w.started(self, ranks, log_dir.map(|d| d.display().to_string()));
                 if let Some((_, old)) = round.replace((*n, w)) {
                     old.finish();
+                }
+            }
+            Event::Held {
+                round: n,
+                local_rank,
+                correction,
+            } => {
+                if let Some((r, w)) = round.as_ref()
+                    && r == n
+                {
+                    w.held(*local_rank, correction.tid);
                 }
             }
             Event::RoundEnded { round: n, .. } => {

@@ -65,6 +65,16 @@ pub(crate) enum Change {
     Smt(bool),
     Profile(Profile),
     Wait(WaitPolicy),
+    Roles(bool),
+}
+
+/// An on/off value as `smt=` and `roles=` take it.
+fn switch(value: &str) -> Option<bool> {
+    match value {
+        "true" | "on" | "1" => Some(true),
+        "false" | "off" | "0" => Some(false),
+        _ => None,
+    }
 }
 
 impl Change {
@@ -84,11 +94,12 @@ impl Change {
             "mem" => Change::Mem(value.parse().map_err(bad)?),
             "profile" => Change::Profile(value.parse().map_err(bad)?),
             "wait" => Change::Wait(value.parse().map_err(bad)?),
-            "smt" => Change::Smt(match value {
-                "true" | "on" | "1" => true,
-                "false" | "off" | "0" => false,
-                _ => return Err(bad("expected true or false".into())),
-            }),
+            "smt" => {
+                Change::Smt(switch(value).ok_or_else(|| bad("expected true or false".into()))?)
+            }
+            "roles" => {
+                Change::Roles(switch(value).ok_or_else(|| bad("expected on or off".into()))?)
+            }
             _ => return Err(GridError::Key(key.into())),
         })
     }
@@ -104,6 +115,7 @@ impl Change {
             Change::Smt(_) => "smt",
             Change::Profile(_) => "profile",
             Change::Wait(_) => "wait",
+            Change::Roles(_) => "roles",
         }
     }
 
@@ -118,6 +130,7 @@ impl Change {
             Change::Smt(b) => req.smt = *b,
             Change::Profile(p) => req.profile = *p,
             Change::Wait(w) => req.omp_wait = *w,
+            Change::Roles(b) => req.roles = *b,
         }
     }
 }
@@ -134,6 +147,7 @@ impl fmt::Display for Change {
             Change::Smt(b) => write!(f, "{b}"),
             Change::Profile(p) => write!(f, "{p}"),
             Change::Wait(w) => write!(f, "{w}"),
+            Change::Roles(b) => f.write_str(if *b { "on" } else { "off" }),
         }
     }
 }
@@ -169,11 +183,11 @@ pub(crate) struct TuneConfig {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub(crate) enum GridError {
     #[error(
-        "{0:?}: expected key=value (keys: threads, workers, policy, allocator, mem, smt, profile, wait)"
+        "{0:?}: expected key=value (keys: threads, workers, policy, allocator, mem, smt, profile, wait, roles)"
     )]
     Syntax(String),
     #[error(
-        "unknown key {0:?} (keys: threads, workers, policy, allocator, mem, smt, profile, wait)"
+        "unknown key {0:?} (keys: threads, workers, policy, allocator, mem, smt, profile, wait, roles)"
     )]
     Key(String),
     #[error("{key}={value}: {why}")]

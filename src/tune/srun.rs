@@ -142,6 +142,7 @@ impl super::TrialRunner for SrunRunner {
             cpus: "(srun)".into(),
             mem: "(srun)".into(),
             worker_mask: None,
+            hold: None,
         };
         let t = Trial {
             launches: std::slice::from_ref(&launch),

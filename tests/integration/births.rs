@@ -15,22 +15,7 @@ use super::wait_for;
 /// `deny-syscall` (tests/support), built once: `deny-syscall NAME ERRNO CMD...`.
 pub fn deny_syscall() -> &'static Path {
     static HELPER: OnceLock<PathBuf> = OnceLock::new();
-    HELPER.get_or_init(|| {
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("deny-syscall");
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/support/deny-syscall/deny-syscall.c");
-        let tmp = out.with_extension(format!("{}", std::process::id()));
-        let cc = Command::new("cc")
-            .arg("-O2")
-            .arg("-o")
-            .arg(&tmp)
-            .arg(&src)
-            .status()
-            .expect("cc (gcc) builds the seccomp helper");
-        assert!(cc.success());
-        std::fs::rename(&tmp, &out).unwrap();
-        out
-    })
+    HELPER.get_or_init(|| super::build_support("deny-syscall/deny-syscall.c", "deny-syscall", &[]))
 }
 
 /// `threadwise ARGS` under `deny-syscall CALL ERRNO`, or plainly.

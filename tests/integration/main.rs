@@ -15,6 +15,7 @@ mod hosts;
 mod layout;
 mod plans;
 mod rendezvous;
+mod roles;
 mod run;
 mod signals;
 mod slurm;
@@ -31,6 +32,27 @@ pub fn topologies(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/topologies")
         .join(rel)
+}
+
+/// A C helper of tests/support (`src`, below it) built with `cc -O2 FLAGS`
+/// into the target's scratch directory as `name`.
+pub fn build_support(src: &str, name: &str, flags: &[&str]) -> PathBuf {
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/support")
+        .join(src);
+    let tmp = out.with_extension(format!("{}", std::process::id()));
+    let cc = std::process::Command::new("cc")
+        .arg("-O2")
+        .args(flags)
+        .arg("-o")
+        .arg(&tmp)
+        .arg(&src)
+        .status()
+        .expect("cc (gcc) builds the test helpers");
+    assert!(cc.success(), "cc {}", src.display());
+    std::fs::rename(&tmp, &out).unwrap();
+    out
 }
 
 pub fn threadwise() -> assert_cmd::Command {

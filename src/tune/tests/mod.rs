@@ -70,6 +70,7 @@ fn key_of(k: &str) -> LaunchKey {
         cpus: String::new(),
         mem: String::new(),
         worker_mask: None,
+        hold: None,
     }]
 }
 

@@ -1,0 +1,104 @@
+//! `bind`'s holder: `bind` execs the rank and leaves nothing of itself, so a
+//! small process of ours holds the rank's threads in place from outside, as
+//! `run`'s supervisor does (`proc::hold`): this binary's hidden `__hold`,
+//! started just before the exec. It forks itself away at once (so the rank
+//! never has a child of ours to reap or to count), says each correction on
+//! the rank's stderr, and ends within a tick of the rank.
+
+use std::ffi::OsString;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::cpuset::CpuSet;
+use crate::proc::hold::{HoldSpec, Holder};
+use crate::roles::RoleCpus;
+
+/// The hidden subcommand the holder runs as.
+pub(crate) const HOLD: &str = "__hold";
+
+/// The holder's tick: a look every `hold::EVERY`, an ended rank seen within
+/// 100 ms.
+const TICK: Duration = Duration::from_millis(100);
+
+/// The arguments of `__hold` for this process as rank `local_rank`.
+pub(crate) fn args(local_rank: usize, spec: &HoldSpec, hold: bool) -> Vec<OsString> {
+    let mut a: Vec<OsString> = vec![
+        HOLD.into(),
+        std::process::id().to_string().into(),
+        local_rank.to_string().into(),
+        spec.cpus.to_string().into(),
+    ];
+    if let Some(l) = &spec.roles {
+        a.push(format!("--service={}", l.service).into());
+        a.push(format!("--team={}", l.team).into());
+    }
+    if !hold {
+        a.push("--off".into());
+    }
+    a
+}
+
+/// Start the holder of this process (about to exec as rank `local_rank`):
+/// returns once it has forked itself away. Its failure is a warning: the
+/// rank runs placed, only unheld.
+pub(crate) fn start(local_rank: usize, spec: &HoldSpec, hold: bool) -> Result<(), String> {
+    let me = std::env::current_exe().map_err(|e| format!("this binary: {e}"))?;
+    let status = Command::new(me)
+        .args(args(local_rank, spec, hold))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|e| e.to_string())?;
+    match status.success() {
+        true => Ok(()),
+        false => Err(format!("it ended with {status}")),
+    }
+}
+
+/// The process's start time (field 22 of /proc/PID/stat) while it runs: a
+/// pid reused by another process has another; an ended one (a zombie its
+/// launcher has not reaped yet, maybe because it waits for the end of the
+/// output we share) has none.
+fn started(pid: i32) -> Option<String> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut f = s[s.rfind(')')? + 2..].split_whitespace();
+    match f.next()? {
+        "Z" | "X" => None,
+        _ => f.nth(18).map(str::to_string),
+    }
+}
+
+/// `threadwise __hold PID LOCAL_RANK CPUS [--service=S --team=T] [--off]`:
+/// fork away, then hold PID's threads until it ends.
+pub(crate) fn hold_main(
+    pid: i32,
+    local_rank: usize,
+    cpus: CpuSet,
+    roles: Option<RoleCpus>,
+    hold: bool,
+) -> i32 {
+    let Some(birth) = started(pid) else {
+        return 0; // already gone
+    };
+    // SAFETY: this process has one thread (nothing started any yet); the
+    // parent only exits.
+    match unsafe { libc::fork() } {
+        -1 => return 1,
+        0 => {}
+        _ => return 0,
+    }
+    // Out of the rank's session: its terminal's Ctrl-C is for the rank.
+    // SAFETY: plain syscall.
+    unsafe { libc::setsid() };
+    let mut h = Holder::new(HoldSpec { cpus, roles }, hold);
+    while started(pid).as_ref() == Some(&birth) {
+        for c in h.tick(pid) {
+            crate::say!(
+                "threadwise: warning: {}",
+                crate::proc::hold::said(local_rank, &c)
+            );
+        }
+        std::thread::sleep(TICK);
+    }
+    0
+}

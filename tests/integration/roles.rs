@@ -1,0 +1,375 @@
+//! Threads held in place and placed by role, against a stand-in for a
+//! communication library (`tests/support/comm-standin`, LD_PRELOADed into
+//! each rank) that re-pins the caller's threads with sched_setaffinity as
+//! NCCL 2.29 did (leaking its GPU's wider mask) and as 2.30 does (restoring
+//! the caller's). The stand-in measures from inside how long each of its
+//! threads spent outside the rank's CPUs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::run::{bin, text};
+
+/// `f`'s first answer within `limit` (tried every 20 ms).
+fn poll<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let t = std::time::Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if t.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The stand-in library, built once.
+fn standin() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        super::build_support(
+            "comm-standin/comm-standin.c",
+            "comm-standin.so",
+            &["-shared", "-fPIC", "-pthread"],
+        )
+    })
+}
+
+/// `threadwise run ARGS -- env LD_PRELOAD=standin sleep SECS+0.5`, the
+/// stand-in in `style` reporting after `secs`.
+fn run_standin(args: &[&str], style: &str, secs: f64) -> Command {
+    let mut c = Command::new(bin());
+    c.arg("run")
+        .args(args)
+        .arg("--")
+        .arg("env")
+        .arg(format!("LD_PRELOAD={}", standin().display()))
+        .args(["sleep", &format!("{}", secs + 0.5)])
+        .env("STANDIN_STYLE", style)
+        .env("STANDIN_SECONDS", secs.to_string());
+    c
+}
+
+/// The stand-in's report of one thread: (rank, name, its longest time
+/// outside in seconds, back, mask now).
+#[derive(Debug)]
+#[allow(dead_code)] // `name` is for the failure messages
+struct Report {
+    rank: String,
+    name: String,
+    outside: f64,
+    back: bool,
+    mask: String,
+}
+
+/// One report line, after "standin: tid ", of rank `rank`.
+fn report(rank: &str, rest: &str) -> Option<Report> {
+    Some(Report {
+        rank: rank.to_string(),
+        name: rest.split('\'').nth(1)?.to_string(),
+        outside: rest
+            .split("outside for ")
+            .nth(1)?
+            .split(' ')
+            .next()?
+            .parse()
+            .ok()?,
+        back: rest.contains("(back: yes)"),
+        mask: rest.rsplit("mask now ").next()?.to_string(),
+    })
+}
+
+/// Every report in `run`'s output (each line prefixed with its rank).
+fn reports(out: &Output) -> Vec<Report> {
+    text(&out.stdout)
+        .lines()
+        .chain(text(&out.stderr).lines())
+        .filter_map(|l| {
+            let (rank, rest) = l.split_once("] standin: tid ")?;
+            report(rank.trim_start_matches("[rank "), rest)
+        })
+        .collect()
+}
+
+#[test]
+fn a_library_leaking_its_wider_mask_has_every_thread_put_back_within_a_second() {
+    let out = run_standin(&["-n", "2"], "2.29", 2.0).output().unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let r = reports(&out);
+    assert_eq!(r.len(), 8, "four threads per rank: {r:?}\n{err}");
+    for x in &r {
+        // Seen outside on two looks 200 ms apart, then put back: 0.2-0.4 s
+        // each time (the service thread leaves twice).
+        assert!(x.back && x.outside < 1.0, "{x:?}\n{err}");
+        assert_eq!(x.mask, x.rank, "rank N is on CPU N: {x:?}");
+    }
+    for rank in ["0", "1"] {
+        assert!(
+            err.contains(&format!("warning: rank {rank}: thread "))
+                && err.contains("(comm) was on CPUs"),
+            "{err}"
+        );
+        assert!(
+            err.contains(&format!(
+                "threadwise: rank {rank}: 5 correction(s) of thread(s)"
+            )),
+            "main, service twice, progress, helper: {err}"
+        );
+    }
+    assert!(err.contains("'NCCL Service  0' (comm)"), "{err}");
+}
+
+#[test]
+fn a_library_that_restores_the_callers_mask_is_left_alone() {
+    let out = run_standin(&["-n", "2"], "2.30", 1.5).output().unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let r = reports(&out);
+    assert_eq!(r.len(), 8, "{r:?}\n{err}");
+    for x in &r {
+        assert!(x.back, "{x:?}");
+        // Only the caller's 30 ms of init outside (longer on a loaded
+        // machine, never as long as the holder's two looks).
+        assert!(x.outside < 0.4, "{x:?}");
+    }
+    assert!(
+        !err.contains("outside the rank's"),
+        "nothing put back: {err}"
+    );
+    assert!(!err.contains("correction(s)"), "{err}");
+}
+
+#[test]
+fn hold_off_only_watches_and_says() {
+    let out = run_standin(&["-n", "2", "--hold", "off"], "2.29", 1.0)
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let r = reports(&out);
+    assert!(r.iter().all(|x| !x.back), "nothing moved back: {r:?}");
+    assert!(err.contains("left there (--hold off"), "{err}");
+}
+
+/// Each thread's mask, by name, of process `pid`.
+fn masks(pid: u32) -> Vec<(i32, String, String)> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let tid: i32 = e.file_name().to_str().unwrap().parse().unwrap();
+        let dir = e.path();
+        let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+        let mask = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        out.push((tid, name.trim().to_string(), mask));
+    }
+    out
+}
+
+#[test]
+fn roles_put_the_service_threads_on_their_core_and_top_lists_them() {
+    // One rank over every CPU: main and the NCCL threads on the first core,
+    // the unnamed helper on the rest.
+    let plan = Command::new(bin())
+        .args(["plan", "-n", "1", "--roles", "--json"])
+        .output()
+        .unwrap();
+    let p: Value = serde_json::from_slice(&plan.stdout).unwrap();
+    let Some(roles) = p["ranks"][0].get("roles").cloned() else {
+        eprintln!(
+            "one CPU here: no role layout ({})",
+            p["ranks"][0]["reasons"]
+        );
+        return;
+    };
+    let (service, team) = (
+        roles["service"].as_str().unwrap().to_string(),
+        roles["team"].as_str().unwrap().to_string(),
+    );
+    let child = run_standin(&["-n", "1", "--roles"], "2.29", 3.0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sup = child.id();
+    // The rank: the supervisor's child running sleep with its five threads.
+    let rank = poll(Duration::from_secs(10), || {
+        // Children are listed under the thread that started them.
+        let pid: u32 = std::fs::read_dir(format!("/proc/{sup}/task"))
+            .ok()?
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+            .flat_map(|k| {
+                k.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .find(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/comm"))
+                    .is_ok_and(|c| c.trim() == "sleep")
+            })?;
+        (masks(pid).len() >= 5).then_some(pid)
+    })
+    .expect("the rank and the stand-in's threads");
+    let placed = poll(Duration::from_secs(2), || {
+        let m = masks(rank);
+        let on = |n: &str| m.iter().find(|x| x.1 == n).map(|x| x.2.clone());
+        (on("NCCL Service  0")? == service
+            && on("NCCL Progress 0")? == service
+            && m.iter().find(|x| x.0 == rank as i32)?.2 == service
+            && m.iter()
+                .filter(|x| x.1 == "sleep" && x.0 != rank as i32)
+                .all(|x| x.2 == team))
+        .then_some(m)
+    });
+    let now = masks(rank);
+    assert!(placed.is_some(), "service {service}, team {team}: {now:?}");
+    // top, given the run's pid, lists each thread's role and CPUs (the
+    // stand-in's service thread re-pins itself at 0.3 s: until the holder's
+    // next look it is on the rank's whole set).
+    let mut last = Value::Null;
+    let settled = poll(Duration::from_secs(3), || {
+        let out = Command::new(bin())
+            .args(["top", "--once", "--json", "--interval", "0.2", "--pid"])
+            .arg(sup.to_string())
+            .output()
+            .ok()?;
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let threads = v["ranks"][0]["by_thread"].as_array()?.clone();
+        last = v.clone();
+        let n = |role: &str| threads.iter().filter(|t| t["role"] == role).count();
+        (n("main") == 1 && n("comm") == 2 && threads.iter().all(|t| t["cpus"] == t["role_cpus"]))
+            .then_some(())
+    });
+    assert!(settled.is_some(), "each thread on its role's CPUs: {last}");
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+}
+
+#[test]
+fn top_counts_the_corrections_run_made() {
+    let child = run_standin(&["-n", "2"], "2.29", 3.0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sup = child.id().to_string();
+    let v = poll(Duration::from_secs(10), || {
+        let out = Command::new(bin())
+            .args([
+                "top",
+                "--once",
+                "--json",
+                "--interval",
+                "0.2",
+                "--pid",
+                &sup,
+            ])
+            .output()
+            .ok()?;
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let n: u64 = v["ranks"]
+            .as_array()?
+            .iter()
+            .flat_map(|r| r["by_thread"].as_array().cloned().unwrap_or_default())
+            .filter_map(|t| t["corrections"].as_u64())
+            .sum();
+        (n >= 8).then_some(v)
+    })
+    .expect("top sees the corrections");
+    let comm = v["ranks"][0]["by_thread"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "NCCL Service  0")
+        .cloned()
+        .unwrap();
+    assert_eq!(comm["role"], "comm");
+    assert!(comm["corrections"].as_u64().unwrap() >= 1, "{comm}");
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+}
+
+/// Processes whose command line holds `__hold` and `pid`.
+fn holders_of(pid: u32) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|c| {
+            let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+            args.len() > 2 && args[1] == b"__hold" && args[2] == pid.to_string().as_bytes()
+        })
+        .count()
+}
+
+#[test]
+fn under_bind_a_holder_of_its_own_puts_the_threads_back_and_ends_with_the_rank() {
+    let ranks: Vec<_> = (0..2)
+        .map(|r| {
+            Command::new(bin())
+                .args(["bind", "--"])
+                .arg("env")
+                .arg(format!("LD_PRELOAD={}", standin().display()))
+                .args(["sleep", "2.3"])
+                .env("LOCAL_RANK", r.to_string())
+                .env("LOCAL_WORLD_SIZE", "2")
+                .env("STANDIN_STYLE", "2.29")
+                .env("STANDIN_SECONDS", "1.8")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let pids: Vec<u32> = ranks.iter().map(|c| c.id()).collect();
+    // One holder per rank, and no child of the rank's (it forked away).
+    let seen = poll(Duration::from_secs(2), || {
+        pids.iter().all(|p| holders_of(*p) == 1).then_some(())
+    });
+    assert!(seen.is_some(), "a holder per rank");
+    for p in &pids {
+        let kids: String = std::fs::read_dir(format!("/proc/{p}/task"))
+            .unwrap()
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+            .collect();
+        assert!(kids.trim().is_empty(), "rank {p} has children {kids:?}");
+    }
+    for (r, c) in ranks.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        let err = text(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let reps: Vec<Report> = err
+            .lines()
+            .filter_map(|l| report(&r.to_string(), l.strip_prefix("standin: tid ")?))
+            .collect();
+        assert_eq!(reps.len(), 4, "{err}");
+        for x in &reps {
+            assert!(x.back && x.outside < 1.0, "{x:?}\n{err}");
+            assert_eq!(x.mask, x.rank, "{x:?}");
+        }
+        assert!(
+            err.contains(&format!("threadwise: warning: rank {r}: thread ")),
+            "{err}"
+        );
+    }
+    // The holders end with their ranks (a tick later).
+    let gone = poll(Duration::from_secs(2), || {
+        pids.iter().all(|p| holders_of(*p) == 0).then_some(())
+    });
+    assert!(gone.is_some(), "holders left behind");
+}
