@@ -10,7 +10,8 @@
 # Ways: torchrun's default (OMP_NUM_THREADS=1, unpinned, the script's own 2
 # workers); threads unlimited (OMP_NUM_THREADS=2: what torch picks on 2 cores
 # with nothing set); threadwise run's default; and grid points of run
-# (workers 0/1/4, policy none). WAYS="torchrun run" picks some of them.
+# (workers 0/1/4, policy none, --hold off), and with BASELINE=/path/to/another/threadwise
+# that build's run (way `baseline`). WAYS="torchrun run" picks some of them.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib/target-dir.sh"
 cd "$(dirname "$0")/.."
@@ -32,6 +33,8 @@ declare -A cmd=(
   [run-workers1]="$tw run -n 2 -q --workers 1 -- python $ex ${args[*]}"
   [run-workers4]="$tw run -n 2 -q --workers 4 -- python $ex ${args[*]}"
   [run-policy-none]="$tw run -n 2 -q --policy none -- python $ex ${args[*]}"
+  [run-hold-off]="$tw run -n 2 -q --hold off -- python $ex ${args[*]}"
+  [baseline]="${BASELINE:-false} run -n 2 -q -- python $ex ${args[*]}"
 )
 order=(${WAYS:-torchrun run unlimited run-workers0 run-workers1 run-workers4 run-policy-none})
 for r in $(seq 1 "$rounds"); do

@@ -8,7 +8,8 @@
 # threadwise.spawn (alternating, medians), torch.compile's workers under
 # torchrun and under run, the GPU check's dry mode (scripts/gpu-check.sh
 # --dry), every option of the installed torchrun's parser (scripts/torchrun_options.py),
-# an elastic job across three test hosts (scripts/elastic-e2e.sh), and (THREADWISE_E2E_RAY=1) Ray Train with
+# an elastic job across three test hosts (scripts/elastic-e2e.sh), each
+# thread's role and CPUs in DDP ranks (scripts/roles-e2e.sh), and (THREADWISE_E2E_RAY=1) Ray Train with
 # threadwise.apply(). Prints each throughput; fails on any error.
 #   scripts/pytorch-e2e.sh [STEPS]
 set -euo pipefail
@@ -35,6 +36,8 @@ python scripts/torchrun_options.py "$tw"
 
 "$tw" run -n 2 -q -- python "$ex" --steps "$steps" >"$out/run.log" 2>&1
 check "threadwise run" "$out/run.log"
+# Each thread's role and CPUs in real DDP ranks, held (scripts/roles-e2e.sh).
+scripts/roles-e2e.sh
 
 torchrun --standalone --nproc-per-node 2 --no-python "$tw" bind -- python "$ex" --steps "$steps" >"$out/bind.log" 2>&1
 check "torchrun --no-python threadwise bind" "$out/bind.log"
@@ -165,7 +168,7 @@ printf '%-44s %s\n' "torch.compile workers (torchrun, run)" "as above"
 passed=$((passed + 1))
 
 # The GPU check's dry mode: the whole of scripts/gpu-check.sh on CPU, with the
-# NVML stand-in and the test GPU machine (tests/support), a tiny model: five
+# NVML stand-in and the test GPU machine (tests/support), a tiny model: six
 # configurations, each with an interval, in under 3 minutes.
 t0=$(date +%s)
 PYTHON=$(command -v python) scripts/gpu-check.sh --dry "$out/gpu-check" >"$out/gpu-check.log" 2>&1 ||
@@ -175,8 +178,8 @@ import json, re, sys
 out, secs = sys.argv[1], int(sys.argv[2])
 r = json.load(open(f"{out}/report.json"))
 names = [c["config"] for c in r["configs"]]
-assert names in (["unset", "torchrun", "torchrun-numa", "threadwise", "tuned"],
-                 ["unset", "torchrun", "threadwise", "tuned"]), names
+assert names in (["unset", "torchrun", "torchrun-numa", "threadwise", "roles", "tuned"],
+                 ["unset", "torchrun", "threadwise", "roles", "tuned"]), names
 for c in r["configs"]:
     if c["config"] == "torchrun-numa":  # no accelerator here: it fails, and the notes say why
         assert any(n.startswith("torchrun-numa: every run failed") for n in r["notes"]) or c["images_per_s"], r["notes"]

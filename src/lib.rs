@@ -60,6 +60,9 @@ pub fn run_cli() -> i32 {
 /// The line a client prints for tune to read its throughput exactly
 /// (`threadwise: throughput=<N> <unit>`), for the built-in workload.
 pub use measure::rates::CANONICAL as THROUGHPUT_LINE;
+/// The line a client prints for tune to keep a figure beside its throughput
+/// (`threadwise: figure <name>=<N>`).
+pub use measure::rates::FIGURE as FIGURE_LINE;
 
 /// Planning, for the benches: a topology from sysfs or a synthetic
 /// description, a request, the plan.

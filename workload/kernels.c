@@ -6,7 +6,9 @@
  * OMP_PROC_BIND, OMP_WAIT_POLICY and GOMP_SPINCOUNT.
  *
  * Sizes are checked by the caller (src/bin/threadwise-workload.rs). */
+#define _GNU_SOURCE
 #include <math.h>
+#include <pthread.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -259,4 +261,14 @@ void tw_sgd(float *w, float *mom, const float *g, long n, float lr) {
 }
 
 int tw_max_threads(void) { return omp_get_max_threads(); }
+
+/* Start the team and name its threads (not the master, the process's main
+ * thread) "tw_intra_op", so that threadwise reads their role from evidence:
+ * GNU OpenMP names none of its threads. */
+void tw_name_team(void) {
+#pragma omp parallel
+    {
+        if (omp_get_thread_num() != 0) pthread_setname_np(pthread_self(), "tw_intra_op");
+    }
+}
 void tw_set_threads(int n) { omp_set_num_threads(n); }

@@ -69,7 +69,9 @@ def apply_slot(
     old = _movers.pop(pid, None)
     if old is not None:
         old.stopped.set()
-    if move_workers and cpus and workers and sorted(workers) != sorted(cpus):
+    # Under a role layout a worker forked by the main thread would inherit the
+    # service core: moved even where its CPUs are the rank's.
+    if move_workers and cpus and workers and (sorted(workers) != sorted(cpus) or slot.get("roles")):
         m = _place.WorkerMover(workers)
         m.start()
         _movers[pid] = m

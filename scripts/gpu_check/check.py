@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The GPU check (scripts/gpu-check.sh runs it): what threadwise sees on this
-machine, then the seeds' comparison on real hardware. Five configurations of
+machine, then the seeds' comparison on real hardware. Six configurations of
 one training job (train.py beside this file), in rounds, each round in a
 shuffled order:
 
@@ -8,6 +8,8 @@ shuffled order:
   torchrun        python -m torch.distributed.run --standalone --nproc-per-node N
   torchrun-numa   the same with --numa-binding node (where torchrun has it)
   threadwise      threadwise run -n N
+  roles           threadwise run -n N --roles (main, pin-memory and NCCL's
+                  threads on a core of their own, the team on the rest)
   tuned           threadwise run --plan, the plan threadwise tune chose here
 
 Per run: images/s (train.py's own line), GPU utilisation (NVML, sampled
@@ -388,6 +390,7 @@ def main():
         "torchrun": ("cmd", torchrun + train[1:]),
         "torchrun-numa": ("cmd", torchrun + ["--numa-binding", "node"] + train[1:]) if "--numa-binding" in helptext else None,
         "threadwise": ("cmd", [a.tw, "run", "-n", str(nproc), "-q", *unbound, "--"] + train),
+        "roles": ("cmd", [a.tw, "run", "-n", str(nproc), "-q", "--roles", *unbound, "--"] + train),
         "tuned": None,
     }
     if configs["torchrun-numa"] is None:

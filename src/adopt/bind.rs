@@ -48,7 +48,9 @@ pub(crate) fn exec_rank(r: &RankLaunch, allow_unbound: bool, hold: bool) -> Laun
     }
     // Placed: a holder keeps the threads there (a bound rank only).
     if let Some(spec) = r.hold.as_ref().filter(|_| placed) {
-        if let Err(e) = super::holder::start(r.local_rank, spec, hold) {
+        // Its DataLoader workers too, where `run` would move them.
+        let workers = r.worker_mask.clone().map(crate::cpuset::CpuSet::from_words);
+        if let Err(e) = super::holder::start(r.local_rank, spec, workers.as_ref(), hold) {
             crate::say!(
                 "threadwise: warning: rank {}: its threads are placed but not held \
                  (the holder did not start: {e})",

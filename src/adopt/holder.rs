@@ -1,6 +1,7 @@
 //! `bind`'s holder: `bind` execs the rank and leaves nothing of itself, so a
-//! small process of ours holds the rank's threads in place from outside, as
-//! `run`'s supervisor does (`proc::hold`): this binary's hidden `__hold`,
+//! small process of ours holds the rank's threads in place from outside, and
+//! moves its DataLoader workers, as `run`'s supervisor does (`proc::hold`,
+//! `proc::workers`): this binary's hidden `__hold`,
 //! started just before the exec. It forks itself away at once (so the rank
 //! never has a child of ours to reap or to count), says each correction on
 //! the rank's stderr, and ends within a tick of the rank.
@@ -20,8 +21,14 @@ pub(crate) const HOLD: &str = "__hold";
 /// 100 ms.
 const TICK: Duration = Duration::from_millis(100);
 
-/// The arguments of `__hold` for this process as rank `local_rank`.
-pub(crate) fn args(local_rank: usize, spec: &HoldSpec, hold: bool) -> Vec<OsString> {
+/// The arguments of `__hold` for this process as rank `local_rank`, its
+/// DataLoader workers to be moved to `workers` (where `run` would move them).
+pub(crate) fn args(
+    local_rank: usize,
+    spec: &HoldSpec,
+    workers: Option<&CpuSet>,
+    hold: bool,
+) -> Vec<OsString> {
     let mut a: Vec<OsString> = vec![
         HOLD.into(),
         std::process::id().to_string().into(),
@@ -32,6 +39,9 @@ pub(crate) fn args(local_rank: usize, spec: &HoldSpec, hold: bool) -> Vec<OsStri
         a.push(format!("--service={}", l.service).into());
         a.push(format!("--team={}", l.team).into());
     }
+    if let Some(w) = workers {
+        a.push(format!("--workers={w}").into());
+    }
     if !hold {
         a.push("--off".into());
     }
@@ -41,10 +51,15 @@ pub(crate) fn args(local_rank: usize, spec: &HoldSpec, hold: bool) -> Vec<OsStri
 /// Start the holder of this process (about to exec as rank `local_rank`):
 /// returns once it has forked itself away. Its failure is a warning: the
 /// rank runs placed, only unheld.
-pub(crate) fn start(local_rank: usize, spec: &HoldSpec, hold: bool) -> Result<(), String> {
+pub(crate) fn start(
+    local_rank: usize,
+    spec: &HoldSpec,
+    workers: Option<&CpuSet>,
+    hold: bool,
+) -> Result<(), String> {
     let me = std::env::current_exe().map_err(|e| format!("this binary: {e}"))?;
     let status = Command::new(me)
-        .args(args(local_rank, spec, hold))
+        .args(args(local_rank, spec, workers, hold))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .status()
@@ -68,13 +83,15 @@ fn started(pid: i32) -> Option<String> {
     }
 }
 
-/// `threadwise __hold PID LOCAL_RANK CPUS [--service=S --team=T] [--off]`:
-/// fork away, then hold PID's threads until it ends.
+/// `threadwise __hold PID LOCAL_RANK CPUS [--service=S --team=T]
+/// [--workers=W] [--off]`: fork away, then hold PID's threads (and move its
+/// DataLoader workers to W, as `run` does) until it ends.
 pub(crate) fn hold_main(
     pid: i32,
     local_rank: usize,
     cpus: CpuSet,
     roles: Option<RoleCpus>,
+    workers: Option<CpuSet>,
     hold: bool,
 ) -> i32 {
     let Some(birth) = started(pid) else {
@@ -91,7 +108,11 @@ pub(crate) fn hold_main(
     // SAFETY: plain syscall.
     unsafe { libc::setsid() };
     let mut h = Holder::new(HoldSpec { cpus, roles }, hold);
+    let mut mover = workers.map(|w| crate::proc::workers::Mover::new(crate::os::mask_words(&w)));
     while started(pid).as_ref() == Some(&birth) {
+        if let Some(m) = &mut mover {
+            m.tick(pid);
+        }
         for c in h.tick(pid) {
             crate::say!(
                 "threadwise: warning: {}",

@@ -22,7 +22,7 @@ impl HoldArg {
     }
 }
 
-/// `threadwise __hold PID LOCAL_RANK CPUS [--service=S --team=T] [--off]`,
+/// `threadwise __hold PID LOCAL_RANK CPUS [--service=S --team=T] [--workers=W] [--off]`,
 /// as `adopt::holder::args` writes it.
 #[derive(Args, Debug)]
 pub(crate) struct HoldCmd {
@@ -34,6 +34,8 @@ pub(crate) struct HoldCmd {
     service: Option<CpuSet>,
     #[arg(long, value_parser = parse_cpus, requires = "service")]
     team: Option<CpuSet>,
+    #[arg(long, value_parser = parse_cpus)]
+    workers: Option<CpuSet>,
     #[arg(long)]
     off: bool,
 }
@@ -43,5 +45,5 @@ pub(super) fn hold_cmd(a: HoldCmd) -> i32 {
         .service
         .zip(a.team)
         .map(|(service, team)| crate::roles::RoleCpus { service, team });
-    crate::adopt::holder::hold_main(a.pid, a.local_rank, a.cpus, roles, !a.off)
+    crate::adopt::holder::hold_main(a.pid, a.local_rank, a.cpus, roles, a.workers, !a.off)
 }

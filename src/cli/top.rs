@@ -28,11 +28,37 @@ fn text(v: &View) -> String {
             r.rss_mib,
             r.workers.len()
         ));
+        if let Some(line) = roles_line(r) {
+            out.push_str(&line);
+        }
     }
     for a in &v.alerts {
         out.push_str(&format!("alert {}: {}\n", a.kind, a.reason));
     }
     out
+}
+
+/// A rank's threads by role: how many of each, how many are off their
+/// role's CPUs, and the corrections `run` made.
+fn roles_line(r: &crate::top::RankView) -> Option<String> {
+    if r.by_thread.is_empty() {
+        return None;
+    }
+    let mut by: std::collections::BTreeMap<crate::roles::Role, usize> = Default::default();
+    for t in &r.by_thread {
+        *by.entry(t.role).or_default() += 1;
+    }
+    let counts: Vec<String> = by.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    let off = r
+        .by_thread
+        .iter()
+        .filter(|t| !t.cpus.is_subset(&t.role_cpus))
+        .count();
+    let fixed: u32 = r.by_thread.iter().map(|t| t.corrections).sum();
+    Some(format!(
+        "  threads by role: {}; {off} off their role's CPUs; {fixed} correction(s) by run\n",
+        counts.join(", ")
+    ))
 }
 
 fn find_targets(a: &TopCmd) -> Result<Vec<Target>, Failure> {

@@ -181,8 +181,12 @@ pub(crate) fn rank_launch(
             format!("{} (unbound)", rank.cpus)
         },
         mem,
-        worker_mask: (rank.bind && !rank.worker_cpus.is_empty() && rank.worker_cpus != rank.cpus)
-            .then(|| os::mask_words(&rank.worker_cpus)),
+        // Under --roles a worker forked by the main thread would inherit the
+        // service core: moved even where its CPUs are the rank's.
+        worker_mask: (rank.bind
+            && !rank.worker_cpus.is_empty()
+            && (rank.worker_cpus != rank.cpus || rank.roles.is_some()))
+        .then(|| os::mask_words(&rank.worker_cpus)),
         hold: rank.bind.then(|| crate::proc::hold::HoldSpec {
             cpus: rank.cpus.clone(),
             roles: rank.roles.clone(),

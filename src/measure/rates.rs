@@ -61,6 +61,27 @@ fn unit_of(word: &str) -> Option<(&'static str, Kind)> {
 /// The canonical line's marker: `threadwise: throughput=<N> <unit>`.
 pub const CANONICAL: &str = "threadwise: throughput=";
 
+/// A figure line's marker: `threadwise: figure <name>=<N>`, a number a
+/// client reports beside its throughput (the built-in workload's feeder
+/// delays); `tune` keeps global rank 0's last of each name per trial.
+pub const FIGURE: &str = "threadwise: figure ";
+
+/// The longest name a figure may have.
+const MAX_FIGURE_NAME: usize = 40;
+
+/// The name and value of a figure line: a name of lowercase letters, digits
+/// and `_`, `=`, a finite number; anything else is no figure.
+pub(crate) fn figure(line: &str) -> Option<(&str, f64)> {
+    let rest = &line[line.rfind(FIGURE)? + FIGURE.len()..];
+    let (name, value) = rest.trim_end().split_once('=')?;
+    let good = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
+    if name.is_empty() || name.len() > MAX_FIGURE_NAME || !name.chars().all(good) {
+        return None;
+    }
+    let (v, len) = number(value)?;
+    (len == value.len() && v.is_finite()).then_some((name, v))
+}
+
 /// The longest unit a canonical line may name.
 const MAX_UNIT: usize = 32;
 
@@ -248,6 +269,29 @@ pub(crate) fn line_rate(line: &str) -> Option<Rate> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn figure_lines_and_their_near_misses() {
+        assert_eq!(
+            figure("threadwise: figure feeder_p99_us=412"),
+            Some(("feeder_p99_us", 412.0))
+        );
+        assert_eq!(
+            figure("[rank 0] threadwise: figure x=1.5\n"),
+            Some(("x", 1.5))
+        );
+        for miss in [
+            "threadwise: figure Feeder=1",
+            "threadwise: figure a b=1",
+            "threadwise: figure a=1 us",
+            "threadwise: figure a=",
+            "threadwise: figure =3",
+            "threadwise: figure a=nan",
+            "figure a=1",
+        ] {
+            assert_eq!(figure(miss), None, "{miss}");
+        }
+    }
 
     /// (line, value, unit) for every shape real clients print, and their near misses.
     const SHAPES: &[(&str, Option<(f64, &str)>)] = &[

@@ -12,9 +12,8 @@
 //! whose thread count changed is set again on the next tick.
 //!
 //! Limits: a new worker runs up to one tick on the rank's CPUs before it is
-//! caught; under `bind` (which execs the rank and leaves nothing behind) no one
-//! moves workers: they inherit the rank's mask unless the script applies
-//! THREADWISE_WORKER_CPUS itself (see docs/run.md).
+//! caught. Under `bind` (which execs the rank) its holder process
+//! (`adopt::holder`) runs a mover of its own.
 
 use std::collections::HashMap;
 use std::path::PathBuf;

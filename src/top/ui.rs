@@ -101,6 +101,7 @@ fn rank_table(v: &View) -> Table<'static> {
         "RSS MiB",
         "local%",
         "gpu% mem",
+        "held",
         "workers (cpus)",
     ])
     .style(Style::default().add_modifier(Modifier::BOLD));
@@ -137,6 +138,15 @@ fn rank_table(v: &View) -> Table<'static> {
                         g.mem_mib
                     )
                 }),
+                // Threads off their role's CPUs now / corrections run made.
+                format!(
+                    "{}/{}",
+                    r.by_thread
+                        .iter()
+                        .filter(|t| !t.cpus.is_subset(&t.role_cpus))
+                        .count(),
+                    r.by_thread.iter().map(|t| t.corrections).sum::<u32>()
+                ),
                 workers,
             ])
             .style(if off {
@@ -158,6 +168,7 @@ fn rank_table(v: &View) -> Table<'static> {
         Constraint::Length(8),
         Constraint::Length(6),
         Constraint::Length(10),
+        Constraint::Length(6),
         Constraint::Min(10),
     ];
     Table::new(rows, widths)

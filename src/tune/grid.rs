@@ -254,7 +254,8 @@ fn unset(base: &PlanRequest) -> TuneConfig {
 /// pinning, the seed formulas), so the table still reads like theirs; then
 /// threadwise's plan and one row per change of one dimension from it:
 /// pinning off, DataLoader workers (0, 1, 2, 4 but the plan's own), each
-/// installed allocator, the OpenMP wait policy, one compute thread. After the
+/// installed allocator, the OpenMP wait policy, one compute thread, threads
+/// placed by role. After the
 /// second round `tune` combines the values that beat the plan into one more
 /// row (a coordinate search: these effects are close to independent, and a
 /// full product would be 64+ launches). `threads`/`workers` are the plan's
@@ -318,6 +319,11 @@ pub(crate) fn defaults(
     }
     if base.threads == Amount::Auto && threads != 1 {
         axes.push(Change::Threads(Amount::Fixed(1)));
+    }
+    // Threads by role (a rank with too few cores launches as the plan, and
+    // the two rows merge into one).
+    if !base.roles && base.policy != Policy::None {
+        axes.push(Change::Roles(true));
     }
     for change in axes {
         v.push(TuneConfig {
@@ -489,7 +495,8 @@ mod tests {
                 "plan allocator=jemalloc",
                 "plan wait=passive",
                 "plan wait=active",
-                "plan threads=1"
+                "plan threads=1",
+                "plan roles=on"
             ]
         );
         let all = defaults(&PlanRequest::default(), (1, 1), &[]);

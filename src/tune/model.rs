@@ -98,6 +98,9 @@ pub(crate) struct TrialOutcome {
     pub steal: Option<Duration>,
     /// Multi-node trials: every node's report, by node rank.
     pub nodes: Vec<NodeUsage>,
+    /// The figures global rank 0 printed (`threadwise: figure NAME=N`), the
+    /// last of each name.
+    pub figures: std::collections::BTreeMap<String, f64>,
 }
 
 impl TrialOutcome {
@@ -289,6 +292,9 @@ pub(crate) struct Trial {
     /// outside the fit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<f64>,
+    /// The figures the client printed beside its throughput.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub figures: std::collections::BTreeMap<String, f64>,
 }
 
 /// A trial is disturbed when something outside the job took more than this
@@ -360,6 +366,9 @@ pub(crate) struct ConfigResult {
     /// Why it got them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extra_why: Option<String>,
+    /// Each figure over its scored trials: median and its 95% interval.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub figures: std::collections::BTreeMap<String, Summary>,
     pub trials: Vec<Trial>,
 }
 
@@ -508,6 +517,7 @@ impl ConfigResult {
             slow_first_trial: false,
             extra_rounds: 0,
             extra_why: None,
+            figures: Default::default(),
             trials: vec![],
         }
     }

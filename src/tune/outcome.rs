@@ -107,6 +107,11 @@ pub(super) fn trial(
         message,
         stderr_tail: if ok { vec![] } else { o.stderr_tail.clone() },
         outlier: false,
+        figures: if ok {
+            o.figures.clone()
+        } else {
+            Default::default()
+        },
         seq: 0,
         ratio: None,
         outside_cpu_s,
@@ -196,6 +201,7 @@ pub(crate) fn finish(report: &mut TuneReport) {
             .filter_map(|t| t.gpu_job_mem_mib)
             .reduce(f64::max);
         c.nodes = node_summaries(&c.trials);
+        c.figures = figure_summaries(&c.trials);
     }
     if let Some(t) = report
         .configs
@@ -206,6 +212,21 @@ pub(crate) fn finish(report: &mut TuneReport) {
         report.hosts = t.nodes.iter().map(|n| n.host.clone()).collect();
     }
     compare(report);
+}
+
+/// Each figure the scored trials printed, over those trials.
+fn figure_summaries(
+    trials: &[crate::tune::model::Trial],
+) -> std::collections::BTreeMap<String, stats::Summary> {
+    let mut by: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
+    for t in trials.iter().filter(|t| t.status == TrialStatus::Ok) {
+        for (k, v) in &t.figures {
+            by.entry(k.clone()).or_default().push(*v);
+        }
+    }
+    by.into_iter()
+        .filter_map(|(k, v)| Some((k, summarize(&v)?)))
+        .collect()
 }
 
 /// A configuration's scored throughput by round (None where it has none).

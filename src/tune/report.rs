@@ -358,12 +358,55 @@ pub(crate) fn render(r: &TuneReport) -> String {
         );
     }
     format!(
-        "{} rank(s) on {}, CPU budget {:.2}, {} run(s) each after {} warm-up; CPU % is of the budget\n{t}\n{}",
+        "{} rank(s) on {}, CPU budget {:.2}, {} run(s) each after {} warm-up; CPU % is of the budget\n{t}\n{}{}",
         r.nproc,
         r.source,
         r.cpu_budget,
         r.runs,
         r.warmup,
+        figure_table(r),
         notes(r)
     )
+}
+
+/// The figures the client printed beside its throughput (`threadwise:
+/// figure NAME=N`), per configuration: median [95% interval of the median]
+/// over its scored trials; empty when none printed any.
+pub(crate) fn figure_table(r: &TuneReport) -> String {
+    let names: std::collections::BTreeSet<&String> =
+        r.configs.iter().flat_map(|c| c.figures.keys()).collect();
+    if names.is_empty() {
+        return String::new();
+    }
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    let mut header = vec!["configuration".to_string()];
+    header.extend(names.iter().map(|n| format!("{n} median [95% interval]")));
+    t.set_header(header);
+    for c in &r.configs {
+        let mut row = vec![c.name.clone()];
+        row.extend(names.iter().map(|n| {
+            c.figures.get(*n).map_or("-".into(), |s| {
+                format!(
+                    "{} [{}-{}] (n={})",
+                    fig(s.median),
+                    fig(s.ci_low),
+                    fig(s.ci_high),
+                    s.n
+                )
+            })
+        }));
+        t.add_row(row);
+    }
+    format!("figures the client printed:\n{t}\n")
+}
+
+/// A figure as read: whole numbers whole, others to one decimal (three
+/// below 10).
+fn fig(v: f64) -> String {
+    match v {
+        v if v.fract() == 0.0 && v.abs() < 1e12 => format!("{v:.0}"),
+        v if v.abs() >= 10.0 => format!("{v:.1}"),
+        v => format!("{v:.3}"),
+    }
 }

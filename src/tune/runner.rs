@@ -69,6 +69,8 @@ impl Runner {
 struct Hears {
     metric: Metric,
     hit: Arc<Mutex<Option<Hit>>>,
+    /// Global rank 0's figure lines, the last of each name.
+    figures: Mutex<std::collections::BTreeMap<String, f64>>,
     pids: JobPids,
 }
 
@@ -83,6 +85,14 @@ impl Reporter for Hears {
             Event::Line { rank, line } => {
                 if let Some(found) = self.metric.scan(*rank, line) {
                     found.keep_in(&self.hit);
+                }
+                if let Some((name, v)) = crate::measure::rates::figure(line).filter(|_| *rank == 0)
+                {
+                    let mut f = self.figures.lock().unwrap_or_else(|e| e.into_inner());
+                    // Bounded: a client printing ever new names keeps 64.
+                    if f.len() < 64 || f.contains_key(name) {
+                        f.insert(name.to_string(), v);
+                    }
                 }
             }
             _ => {}
@@ -114,6 +124,7 @@ impl super::TrialRunner for Runner {
         let hears = Arc::new(Hears {
             metric: metric.clone(),
             hit: Arc::default(),
+            figures: Mutex::default(),
             pids: job.clone(),
         });
         let t = Trial {
@@ -137,6 +148,7 @@ impl super::TrialRunner for Runner {
         };
         let hit = hears.hit.lock().unwrap_or_else(|e| e.into_inner()).take();
         let mut t = TrialOutcome::of(&o, hit, Used::of_ranks(&o));
+        t.figures = std::mem::take(&mut *hears.figures.lock().unwrap_or_else(|e| e.into_inner()));
         // What else the machine did meanwhile: its busy time less the job's
         // own (ranks and their waited-for children; our supervisor's few ms
         // count as outside), and what the hypervisor stole.

@@ -541,7 +541,10 @@ fn every_exported_variable_is_documented() {
             "package:1 core:8 gpu:2",
             vec!["--gpus", "0,1", "--omp-bind", "--omp-wait", "passive"],
         ),
-        ("package:2 numa:2 core:4 pu:2", vec!["--omp-wait", "active"]),
+        (
+            "package:2 numa:2 core:4 pu:2",
+            vec!["--omp-wait", "active", "--roles"],
+        ),
         (
             "package:1 core:4",
             if jemalloc {

@@ -28,6 +28,15 @@ fn poll<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     }
 }
 
+/// `top --once --json` of the run whose pid is `sup`, over 0.2 s.
+fn top_of(sup: &str) -> Option<Value> {
+    let out = Command::new(bin())
+        .args(["top", "--once", "--json", "--interval", "0.2", "--pid", sup])
+        .output()
+        .ok()?;
+    serde_json::from_slice(&out.stdout).ok()
+}
+
 /// The stand-in library, built once.
 fn standin() -> &'static Path {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
@@ -242,12 +251,7 @@ fn roles_put_the_service_threads_on_their_core_and_top_lists_them() {
     // next look it is on the rank's whole set).
     let mut last = Value::Null;
     let settled = poll(Duration::from_secs(3), || {
-        let out = Command::new(bin())
-            .args(["top", "--once", "--json", "--interval", "0.2", "--pid"])
-            .arg(sup.to_string())
-            .output()
-            .ok()?;
-        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let v = top_of(&sup.to_string())?;
         let threads = v["ranks"][0]["by_thread"].as_array()?.clone();
         last = v.clone();
         let n = |role: &str| threads.iter().filter(|t| t["role"] == role).count();
@@ -268,19 +272,7 @@ fn top_counts_the_corrections_run_made() {
         .unwrap();
     let sup = child.id().to_string();
     let v = poll(Duration::from_secs(10), || {
-        let out = Command::new(bin())
-            .args([
-                "top",
-                "--once",
-                "--json",
-                "--interval",
-                "0.2",
-                "--pid",
-                &sup,
-            ])
-            .output()
-            .ok()?;
-        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let v = top_of(&sup)?;
         let n: u64 = v["ranks"]
             .as_array()?
             .iter()
@@ -372,4 +364,120 @@ fn under_bind_a_holder_of_its_own_puts_the_threads_back_and_ends_with_the_rank()
         pids.iter().all(|p| holders_of(*p) == 0).then_some(())
     });
     assert!(gone.is_some(), "holders left behind");
+}
+
+#[test]
+fn the_builtin_workload_under_roles_has_each_named_thread_and_its_workers_placed() {
+    let plan = Command::new(bin())
+        .args(["plan", "-n", "1", "--roles", "--json"])
+        .output()
+        .unwrap();
+    let p: Value = serde_json::from_slice(&plan.stdout).unwrap();
+    let rank = &p["ranks"][0];
+    let Some(roles) = rank.get("roles").cloned() else {
+        eprintln!("one CPU here: no role layout");
+        return;
+    };
+    let (service, team, workers) = (
+        roles["service"].as_str().unwrap().to_string(),
+        roles["team"].as_str().unwrap().to_string(),
+        rank["worker_cpus"].as_str().unwrap().to_string(),
+    );
+    let child = Command::new(bin())
+        .args(["run", "-n", "1", "--roles", "-q", "--"])
+        .arg(env!("CARGO_BIN_EXE_threadwise-workload"))
+        .args(["--seconds", "4", "--workers", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sup = child.id().to_string();
+    let mut last = Value::Null;
+    let placed = poll(Duration::from_secs(8), || {
+        let v = top_of(&sup)?;
+        last = v.clone();
+        let r = &v["ranks"][0];
+        let threads = r["by_thread"].as_array()?;
+        let on = |name: &str| {
+            threads
+                .iter()
+                .find(|t| t["name"] == name)
+                .map(|t| (t["role"].clone(), t["cpus"].clone()))
+        };
+        let team_ok = threads
+            .iter()
+            .filter(|t| t["name"] == "tw_intra_op")
+            .all(|t| t["role"] == "intra-op" && t["cpus"] == team.as_str());
+        let workers_ok = r["workers"]
+            .as_array()?
+            .iter()
+            .all(|w| w["allowed"] == workers.as_str());
+        (on("tw_feeder")? == ("main".into(), service.as_str().into())
+            && on("tw_comm")? == ("comm".into(), service.as_str().into())
+            && team_ok
+            && !r["workers"].as_array()?.is_empty()
+            && workers_ok)
+            .then_some(())
+    });
+    assert!(
+        placed.is_some(),
+        "service {service}, team {team}, workers {workers}: {last}"
+    );
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stdout).contains("threadwise: figure feeder_p99_us="),
+        "{}",
+        text(&o.stdout)
+    );
+}
+
+#[test]
+fn under_bind_the_holder_moves_the_ranks_dataloader_workers_as_run_does() {
+    let plan = Command::new(bin())
+        .args(["plan", "-n", "2", "--json"])
+        .output()
+        .unwrap();
+    let p: Value = serde_json::from_slice(&plan.stdout).unwrap();
+    let (cpus, workers) = (
+        p["ranks"][0]["cpus"].as_str().unwrap().to_string(),
+        p["ranks"][0]["worker_cpus"].as_str().unwrap().to_string(),
+    );
+    if cpus == workers {
+        eprintln!("the workers' CPUs are the rank's here: nothing to move");
+        return;
+    }
+    // The rank (bash) forks a worker (a subshell: the same program) and
+    // starts sleep (another program, the rank's own work).
+    let mut rank = Command::new(bin())
+        .args(["bind", "--", "bash", "-c"])
+        .arg("( while :; do sleep 0.05; done ) & sleep 3; kill $!")
+        .env("LOCAL_RANK", "0")
+        .env("LOCAL_WORLD_SIZE", "2")
+        .spawn()
+        .unwrap();
+    let pid = rank.id();
+    let mask = |p: u32| -> Option<String> {
+        let s = std::fs::read_to_string(format!("/proc/{p}/status")).ok()?;
+        s.lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(|v| v.trim().to_string())
+    };
+    let exe = |p: u32| std::fs::read_link(format!("/proc/{p}/exe")).ok();
+    let moved = poll(Duration::from_secs(2), || {
+        let kids = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+        let kids: Vec<u32> = kids
+            .split_whitespace()
+            .filter_map(|k| k.parse().ok())
+            .collect();
+        let worker = kids.iter().find(|k| exe(**k) == exe(pid))?;
+        let other = kids.iter().find(|k| exe(**k) != exe(pid))?;
+        (mask(*worker)? == workers && mask(*other)? == cpus).then_some(())
+    });
+    assert!(
+        moved.is_some(),
+        "the worker on {workers}, sleep on the rank's {cpus}"
+    );
+    assert_eq!(mask(pid).unwrap(), cpus, "the rank keeps its CPUs");
+    assert!(rank.wait().unwrap().success());
 }

@@ -8,7 +8,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use threadwise::workload::{floats, to_bytes};
 
-use crate::{Args, IN_CHANNELS, fail};
+use crate::args::Args;
+use crate::{IN_CHANNELS, fail};
 
 /// A small deterministic generator (the data and weights need no quality).
 pub struct Lcg(pub u32);

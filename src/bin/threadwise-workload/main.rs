@@ -24,12 +24,13 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+mod args;
+mod feeder;
 mod loader;
 
+use args::{Args, parse};
 use loader::{Lcg, Loader, loader_worker};
-use threadwise::workload::{
-    Group, MAX_BATCH, MAX_BYTES, MAX_LAYERS, MAX_LOADER_WORK, MAX_SIZE, MAX_WORKERS, Peer,
-};
+use threadwise::workload::{Group, MAX_WORKERS, Peer};
 
 unsafe extern "C" {
     fn tw_conv3x3(
@@ -62,87 +63,13 @@ unsafe extern "C" {
     fn tw_sgd(w: *mut f32, mom: *mut f32, g: *const f32, n: i64, lr: f32);
     fn tw_max_threads() -> i32;
     fn tw_set_threads(n: i32);
+    fn tw_name_team();
 }
 
 /// Channels of the first stage; each later stage doubles them.
 const BASE_CHANNELS: usize = 16;
 /// Input channels (RGB).
 const IN_CHANNELS: usize = 3;
-
-struct Args {
-    seconds: f64,
-    size: usize,
-    batch: usize,
-    layers: usize,
-    bucket_kib: usize,
-    warmup: usize,
-    loader_work: usize,
-    workers: Option<usize>,
-}
-
-const USAGE: &str = "threadwise-workload [--seconds 1.5] [--size 16] [--batch 16] [--layers 8] \
-                     [--bucket-kib 256] [--warmup 2] [--loader-work 40] [--workers N]";
-
-fn parse(argv: &[String]) -> Result<Args, String> {
-    let mut a = Args {
-        seconds: 1.5,
-        size: 16,
-        batch: 16,
-        layers: 8,
-        bucket_kib: 256,
-        warmup: 2,
-        loader_work: 40,
-        workers: None,
-    };
-    let mut it = argv.iter();
-    while let Some(flag) = it.next() {
-        if flag == "-h" || flag == "--help" {
-            println!("{USAGE}");
-            std::process::exit(0);
-        }
-        let value = it
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-            .filter(|v| *v >= 0.0 && v.is_finite())
-            .ok_or_else(|| format!("{flag} needs a number >= 0"))?;
-        match flag.as_str() {
-            "--seconds" => a.seconds = value,
-            "--size" => a.size = value as usize,
-            "--batch" => a.batch = value as usize,
-            "--layers" => a.layers = value as usize,
-            "--bucket-kib" => a.bucket_kib = value as usize,
-            "--warmup" => a.warmup = value as usize,
-            "--loader-work" => a.loader_work = value as usize,
-            "--workers" => a.workers = Some(value as usize),
-            other => return Err(format!("unknown option {other:?}; usage: {USAGE}")),
-        }
-    }
-    let within = |v: usize, lo: u64, hi: u64| (lo..=hi).contains(&(v as u64));
-    if !(within(a.size, 1, MAX_SIZE)
-        && within(a.batch, 1, MAX_BATCH)
-        && within(a.layers, 1, MAX_LAYERS)
-        && within(a.loader_work, 0, MAX_LOADER_WORK)
-        && within(a.bucket_kib, 1, 1 << 20)
-        && a.workers.is_none_or(|w| within(w, 0, MAX_WORKERS)))
-    {
-        return Err(format!(
-            "sizes out of range (1 <= size <= {MAX_SIZE}, 1 <= batch <= {MAX_BATCH}, \
-             1 <= layers <= {MAX_LAYERS}, loader-work <= {MAX_LOADER_WORK}, \
-             1 <= bucket-kib <= 1048576, workers <= {MAX_WORKERS})"
-        ));
-    }
-    if let Some(mib) = threadwise::workload::activations_too_big(a.size, a.batch, a.layers) {
-        return Err(format!(
-            "--size {} --batch {} --layers {} would hold {mib} MiB of activations per rank \
-             (at most {} MiB): make them smaller",
-            a.size,
-            a.batch,
-            a.layers,
-            MAX_BYTES >> 20
-        ));
-    }
-    Ok(a)
-}
 
 fn fail(code: i32, msg: String) -> ! {
     threadwise::say!("threadwise-workload: {msg}");
@@ -530,8 +457,10 @@ fn main() {
         Loader::start(&a, workers, peer.rank as u64, stride).unwrap_or_else(|e| failed(e));
     let mut layers = model(&a);
     cap_threads_like_torch();
-    // SAFETY: a C function without arguments.
+    // SAFETY: C functions without arguments.
     let threads = unsafe { tw_max_threads() };
+    // SAFETY: likewise (it starts the OpenMP team and names it).
+    unsafe { tw_name_team() };
     threadwise::say!(
         "rank {}/{}: {threads} OpenMP thread(s), {workers} data-loader worker(s)",
         peer.rank,
@@ -540,7 +469,14 @@ fn main() {
     let group = Group::join(&peer, Duration::from_secs(60)).unwrap_or_else(|e| failed(e));
     let (job_tx, job_rx) = mpsc::channel();
     let (done_tx, done_rx) = mpsc::channel();
-    std::thread::spawn(move || comm_thread(group, job_rx, done_tx));
+    std::thread::Builder::new()
+        .name("tw_comm".into())
+        .spawn(move || comm_thread(group, job_rx, done_tx))
+        .unwrap_or_else(|e| failed(format!("the communication thread: {e}")));
+    let feeder = (a.feed_us > 0).then(|| {
+        feeder::Feeder::start(Duration::from_micros(a.feed_us as u64))
+            .unwrap_or_else(|e| failed(format!("the feeder thread: {e}")))
+    });
     let send = |job: Job| {
         if job_tx.send(job).is_err() {
             failed("the communication thread stopped".into());
@@ -568,6 +504,9 @@ fn main() {
         average_and_step(&mut layers, &mut grads, &buckets, world, &receive);
         if steps == a.warmup as u64 {
             start = Instant::now();
+            if let Some(f) = &feeder {
+                f.measure();
+            }
         }
         steps += 1;
         let stop =
@@ -578,6 +517,7 @@ fn main() {
         }
     }
     drop(loader);
+    let late = feeder.map(feeder::Feeder::finish).unwrap_or_default();
     if peer.rank == 0 {
         let elapsed = start.elapsed().as_secs_f64();
         let counted = steps - a.warmup as u64;
@@ -593,5 +533,16 @@ fn main() {
             threadwise::THROUGHPUT_LINE,
             samples / elapsed
         );
+        if let (Some(p50), Some(p99)) =
+            (feeder::quantile(&late, 0.5), feeder::quantile(&late, 0.99))
+        {
+            println!(
+                "feeder: woke {p50} us late at the median, {p99} us at p99 ({} wake-ups, every {} us)",
+                late.len(),
+                a.feed_us
+            );
+            println!("{}feeder_p50_us={p50}", threadwise::FIGURE_LINE);
+            println!("{}feeder_p99_us={p99}", threadwise::FIGURE_LINE);
+        }
     }
 }

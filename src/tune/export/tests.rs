@@ -29,6 +29,7 @@ fn trial(round: usize, v: f64) -> Trial {
         disturbed: false,
         nodes: vec![],
         weight: None,
+        figures: Default::default(),
     }
 }
 
