@@ -48,8 +48,15 @@ pub(crate) fn exec_rank(r: &RankLaunch, allow_unbound: bool, hold: bool) -> Laun
     }
     // Placed: a holder keeps the threads there (a bound rank only).
     if let Some(spec) = r.hold.as_ref().filter(|_| placed) {
-        // Its DataLoader workers too, where `run` would move them.
-        let workers = r.worker_mask.clone().map(crate::cpuset::CpuSet::from_words);
+        // Under --roles its DataLoader workers too: forked by the main
+        // thread, they would inherit the service core. Otherwise they keep
+        // the rank's CPUs as before (a shell rank's `$(...)` is a fork of the
+        // shell until it execs, and would be moved as a worker).
+        let workers = r
+            .worker_mask
+            .clone()
+            .filter(|_| spec.roles.is_some())
+            .map(crate::cpuset::CpuSet::from_words);
         if let Err(e) = super::holder::start(r.local_rank, spec, workers.as_ref(), hold) {
             crate::say!(
                 "threadwise: warning: rank {}: its threads are placed but not held \

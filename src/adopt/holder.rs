@@ -1,7 +1,7 @@
 //! `bind`'s holder: `bind` execs the rank and leaves nothing of itself, so a
-//! small process of ours holds the rank's threads in place from outside, and
-//! moves its DataLoader workers, as `run`'s supervisor does (`proc::hold`,
-//! `proc::workers`): this binary's hidden `__hold`,
+//! small process of ours holds the rank's threads in place from outside (and
+//! under `--roles` moves its DataLoader workers), as `run`'s supervisor does
+//! (`proc::hold`, `proc::workers`): this binary's hidden `__hold`,
 //! started just before the exec. It forks itself away at once (so the rank
 //! never has a child of ours to reap or to count), says each correction on
 //! the rank's stderr, and ends within a tick of the rank.

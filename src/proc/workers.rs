@@ -12,8 +12,9 @@
 //! whose thread count changed is set again on the next tick.
 //!
 //! Limits: a new worker runs up to one tick on the rank's CPUs before it is
-//! caught. Under `bind` (which execs the rank) its holder process
-//! (`adopt::holder`) runs a mover of its own.
+//! caught. Under `bind` (which execs the rank) no one moves workers, except
+//! with `--roles`, where its holder process (`adopt::holder`) runs a mover:
+//! workers forked by the main thread would inherit its service core.
 
 use std::collections::HashMap;
 use std::path::PathBuf;

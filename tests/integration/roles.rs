@@ -433,30 +433,30 @@ fn the_builtin_workload_under_roles_has_each_named_thread_and_its_workers_placed
 }
 
 #[test]
-fn under_bind_the_holder_moves_the_ranks_dataloader_workers_as_run_does() {
+fn under_bind_with_roles_the_holder_moves_workers_off_the_service_core() {
     let plan = Command::new(bin())
-        .args(["plan", "-n", "2", "--json"])
+        .args(["plan", "-n", "1", "--roles", "--json"])
         .output()
         .unwrap();
     let p: Value = serde_json::from_slice(&plan.stdout).unwrap();
-    let (cpus, workers) = (
-        p["ranks"][0]["cpus"].as_str().unwrap().to_string(),
-        p["ranks"][0]["worker_cpus"].as_str().unwrap().to_string(),
-    );
-    if cpus == workers {
-        eprintln!("the workers' CPUs are the rank's here: nothing to move");
+    let rank = &p["ranks"][0];
+    let Some(service) = rank["roles"]["service"].as_str().map(str::to_string) else {
+        eprintln!("one CPU here: no role layout");
         return;
-    }
-    // The rank (bash) forks a worker (a subshell: the same program) and
-    // starts sleep (another program, the rank's own work).
-    let mut rank = Command::new(bin())
-        .args(["bind", "--", "bash", "-c"])
-        .arg("( while :; do sleep 0.05; done ) & sleep 3; kill $!")
+    };
+    let workers = rank["worker_cpus"].as_str().unwrap().to_string();
+    // The rank (bash) waits until the holder has put it on the service
+    // core, then forks a worker (a subshell: the same program) and starts
+    // sleep (another program, the rank's own work): both inherit the
+    // service core, and only the worker is moved.
+    let mut child = Command::new(bin())
+        .args(["bind", "--roles", "--", "bash", "-c"])
+        .arg("sleep 0.6; ( while :; do sleep 0.05; done ) & sleep 2; kill $!")
         .env("LOCAL_RANK", "0")
-        .env("LOCAL_WORLD_SIZE", "2")
+        .env("LOCAL_WORLD_SIZE", "1")
         .spawn()
         .unwrap();
-    let pid = rank.id();
+    let pid = child.id();
     let mask = |p: u32| -> Option<String> {
         let s = std::fs::read_to_string(format!("/proc/{p}/status")).ok()?;
         s.lines()
@@ -464,7 +464,8 @@ fn under_bind_the_holder_moves_the_ranks_dataloader_workers_as_run_does() {
             .map(|v| v.trim().to_string())
     };
     let exe = |p: u32| std::fs::read_link(format!("/proc/{p}/exe")).ok();
-    let moved = poll(Duration::from_secs(2), || {
+    let mut seen = String::new();
+    let moved = poll(Duration::from_secs(3), || {
         let kids = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
         let kids: Vec<u32> = kids
             .split_whitespace()
@@ -472,12 +473,13 @@ fn under_bind_the_holder_moves_the_ranks_dataloader_workers_as_run_does() {
             .collect();
         let worker = kids.iter().find(|k| exe(**k) == exe(pid))?;
         let other = kids.iter().find(|k| exe(**k) != exe(pid))?;
-        (mask(*worker)? == workers && mask(*other)? == cpus).then_some(())
+        seen = format!("worker {:?}, other {:?}", mask(*worker), mask(*other));
+        (mask(*worker)? == workers && mask(*other)? == service).then_some(())
     });
     assert!(
         moved.is_some(),
-        "the worker on {workers}, sleep on the rank's {cpus}"
+        "the worker on {workers}, sleep on the service core {service}: {seen}"
     );
-    assert_eq!(mask(pid).unwrap(), cpus, "the rank keeps its CPUs");
-    assert!(rank.wait().unwrap().success());
+    assert_eq!(mask(pid).unwrap(), service, "the rank's main thread serves");
+    assert!(child.wait().unwrap().success());
 }

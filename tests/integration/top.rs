@@ -171,7 +171,10 @@ fn top_of_the_builtin_workload_matches_its_plan() {
 fn misbehaving_ranks_raise_their_alerts() {
     // Four busy processes (the rank's shell and three busy children) on a set of one CPU.
     let busy = "for i in 1 2 3; do (while :; do :; done) & done; while :; do :; done";
-    let run = start(&["run", "-n", "2", "-q", "--", "sh", "-c", busy]);
+    // --hold off: run would otherwise put the moved rank back (roles.rs).
+    let run = start(&[
+        "run", "-n", "2", "-q", "--hold", "off", "--", "sh", "-c", busy,
+    ]);
     let state = wait_for_run(run.id());
     let pid = state["ranks"][1]["pid"].as_i64().unwrap();
     wait_for(
