@@ -295,16 +295,15 @@ fn top_counts_the_corrections_run_made() {
     assert!(o.status.success(), "{}", text(&o.stderr));
 }
 
-/// Processes whose command line holds `__hold` and `pid`.
+/// Holders of `pid`: processes named `tw-hold PID` (bind's fork and the
+/// hidden `__hold` both name themselves so).
 fn holders_of(pid: u32) -> usize {
+    let name = format!("tw-hold {pid}");
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
-        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .filter(|c| {
-            let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
-            args.len() > 2 && args[1] == b"__hold" && args[2] == pid.to_string().as_bytes()
-        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("comm")).ok())
+        .filter(|c| c.trim_end() == name)
         .count()
 }
 
@@ -482,4 +481,50 @@ fn under_bind_with_roles_the_holder_moves_workers_off_the_service_core() {
     );
     assert_eq!(mask(pid).unwrap(), service, "the rank's main thread serves");
     assert!(child.wait().unwrap().success());
+}
+
+/// `__hold` as bind starts it where bind has more than one thread: it forks
+/// away at once and holds the process it is given until that ends.
+#[test]
+fn the_hidden_holder_holds_a_given_process_until_it_ends() {
+    let cpus = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let Some(first) = cpus.split([',', '-']).next().map(str::to_string) else {
+        return;
+    };
+    if first == cpus {
+        eprintln!("one CPU here: no wider mask to correct");
+        return;
+    }
+    let mut target = Command::new("sleep").arg("1.5").spawn().unwrap();
+    let pid = target.id().to_string();
+    let t = std::time::Instant::now();
+    let st = Command::new(bin())
+        .args(["__hold", &pid, "0", &first])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "it forked away at once"
+    );
+    // sleep's mask is all of ours: outside "rank" `first`, put back.
+    let back = poll(Duration::from_secs(2), || {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        s.lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .is_some_and(|v| v.trim() == first)
+            .then_some(())
+    });
+    assert!(back.is_some(), "put back on {first}");
+    assert!(target.wait().unwrap().success());
+    let gone = poll(Duration::from_secs(2), || {
+        (holders_of(target.id()) == 0).then_some(())
+    });
+    assert!(gone.is_some(), "the holder ended with its process");
 }
