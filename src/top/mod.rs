@@ -346,6 +346,7 @@ impl Sampler {
         if !cs {
             carry_cs(&self.prev, &mut cur);
         }
+        self.refresh_corrections();
         let mut v = view(&self.targets, &self.prev, &cur, self.hz);
         if cs {
             self.last_cs = v
@@ -373,6 +374,17 @@ impl Sampler {
         }
         self.prev = cur;
         v
+    }
+
+    /// The corrections `run` has made to each target's threads so far, from
+    /// the live runs' state files (a few small files, read once a sample).
+    fn refresh_corrections(&mut self) {
+        let runs = find::live_runs();
+        for t in &mut self.targets {
+            if let Some(r) = runs.iter().flat_map(|s| &s.ranks).find(|r| r.pid == t.pid) {
+                t.corrections = r.corrections.clone();
+            }
+        }
     }
 
     /// Wait `interval`, then the view.

@@ -291,6 +291,28 @@ fn top_counts_the_corrections_run_made() {
         .unwrap();
     assert_eq!(comm["role"], "comm");
     assert!(comm["corrections"].as_u64().unwrap() >= 1, "{comm}");
+    // Given the ranks' own pids (as `--all` or a live view finds them), top
+    // reads the corrections from the run's state file each sample too.
+    let pids: Vec<String> = v["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["pid"].to_string())
+        .collect();
+    let out = Command::new(bin())
+        .args(["top", "--once", "--json", "--interval", "0.2", "--pid"])
+        .args(&pids)
+        .output()
+        .unwrap();
+    let by_pid: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let n: u64 = by_pid["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["by_thread"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["corrections"].as_u64())
+        .sum();
+    assert!(n >= 8, "{by_pid}");
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", text(&o.stderr));
 }
