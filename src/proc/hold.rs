@@ -25,8 +25,6 @@
 
 use std::collections::HashMap;
 
-use serde::{Deserialize, Serialize};
-
 use crate::cpuset::CpuSet;
 use crate::measure::process::{comm_of_task, tasks};
 use crate::roles::{Role, RoleCpus, classify};
@@ -59,7 +57,7 @@ impl HoldSpec {
 }
 
 /// One correction: a thread found outside its rank's CPUs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Correction {
     pub tid: i32,
     pub name: String,
@@ -142,8 +140,6 @@ pub(crate) struct Holder {
     /// false: `--hold off`, watch only.
     hold: bool,
     seen: HashMap<i32, Seen>,
-    /// Threads placed by role so far.
-    pub placed: u64,
     /// When to look next.
     next: std::time::Instant,
 }
@@ -154,7 +150,6 @@ impl Holder {
             spec,
             hold,
             seen: HashMap::new(),
-            placed: 0,
             next: std::time::Instant::now(),
         }
     }
@@ -199,7 +194,6 @@ impl Holder {
                     s.off = 0;
                     if self.hold && set(tid, &to) {
                         s.set = Some(to);
-                        self.placed += 1;
                     }
                 }
                 Step::Correct(to) => {

@@ -48,9 +48,9 @@ pub(crate) fn targets(
 /// What `run` keeps to undo at the end: the state file, the view's thread.
 #[derive(Default)]
 pub(crate) struct RunWatch {
-    state_file: Mutex<Option<PathBuf>>,
-    /// What the state file says (its ranks' corrections grow as they come).
-    state: Mutex<Option<RunState>>,
+    /// The state file and what it says (its ranks' corrections grow as they
+    /// come).
+    state: Mutex<Option<(PathBuf, RunState)>>,
     view: Mutex<Option<JoinHandle<()>>>,
     done: AtomicBool,
 }
@@ -73,10 +73,7 @@ impl RunWatch {
             log_dir,
         };
         match find::write_state(&state) {
-            Ok(f) => {
-                *self.state_file.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
-                *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(state);
-            }
+            Ok(f) => *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some((f, state)),
             Err(e) => crate::say!("threadwise: note: top cannot find this run: {e}"),
         }
         if w.live {
@@ -96,7 +93,7 @@ impl RunWatch {
     /// `top`.
     fn held(&self, local_rank: usize, tid: i32) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(s) = state.as_mut() else {
+        let Some((_, s)) = state.as_mut() else {
             return;
         };
         if let Some(t) = s.ranks.iter_mut().find(|t| t.local_rank == local_rank) {
@@ -112,12 +109,7 @@ impl RunWatch {
         if let Some(h) = self.view.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = h.join();
         }
-        if let Some(f) = self
-            .state_file
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        if let Some((f, _)) = self.state.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = std::fs::remove_file(f);
         }
     }

@@ -28,6 +28,24 @@ fn poll<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     }
 }
 
+/// Rank 0 of `plan -n 1 --roles --json` on this machine.
+fn roles_rank() -> Value {
+    let out = Command::new(bin())
+        .args(["plan", "-n", "1", "--roles", "--json"])
+        .output()
+        .unwrap();
+    let p: Value = serde_json::from_slice(&out.stdout).unwrap();
+    p["ranks"][0].clone()
+}
+
+/// A process's (or thread's, `PID/task/TID`) affinity as /proc shows it.
+fn mask_of(proc_path: &str) -> Option<String> {
+    let s = std::fs::read_to_string(format!("/proc/{proc_path}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|v| v.trim().to_string())
+}
+
 /// `top --once --json` of the run whose pid is `sup`, over 0.2 s.
 fn top_of(sup: &str) -> Option<Value> {
     let out = Command::new(bin())
@@ -176,13 +194,7 @@ fn masks(pid: u32) -> Vec<(i32, String, String)> {
         let tid: i32 = e.file_name().to_str().unwrap().parse().unwrap();
         let dir = e.path();
         let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-        let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
-        let mask = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .unwrap_or("")
-            .trim()
-            .to_string();
+        let mask = mask_of(&format!("{pid}/task/{tid}")).unwrap_or_default();
         out.push((tid, name.trim().to_string(), mask));
     }
     out
@@ -192,16 +204,9 @@ fn masks(pid: u32) -> Vec<(i32, String, String)> {
 fn roles_put_the_service_threads_on_their_core_and_top_lists_them() {
     // One rank over every CPU: main and the NCCL threads on the first core,
     // the unnamed helper on the rest.
-    let plan = Command::new(bin())
-        .args(["plan", "-n", "1", "--roles", "--json"])
-        .output()
-        .unwrap();
-    let p: Value = serde_json::from_slice(&plan.stdout).unwrap();
-    let Some(roles) = p["ranks"][0].get("roles").cloned() else {
-        eprintln!(
-            "one CPU here: no role layout ({})",
-            p["ranks"][0]["reasons"]
-        );
+    let rank = roles_rank();
+    let Some(roles) = rank.get("roles").cloned() else {
+        eprintln!("one CPU here: no role layout ({})", rank["reasons"]);
         return;
     };
     let (service, team) = (
@@ -389,12 +394,7 @@ fn under_bind_a_holder_of_its_own_puts_the_threads_back_and_ends_with_the_rank()
 
 #[test]
 fn the_builtin_workload_under_roles_has_each_named_thread_and_its_workers_placed() {
-    let plan = Command::new(bin())
-        .args(["plan", "-n", "1", "--roles", "--json"])
-        .output()
-        .unwrap();
-    let p: Value = serde_json::from_slice(&plan.stdout).unwrap();
-    let rank = &p["ranks"][0];
+    let rank = roles_rank();
     let Some(roles) = rank.get("roles").cloned() else {
         eprintln!("one CPU here: no role layout");
         return;
@@ -455,12 +455,7 @@ fn the_builtin_workload_under_roles_has_each_named_thread_and_its_workers_placed
 
 #[test]
 fn under_bind_with_roles_the_holder_moves_workers_off_the_service_core() {
-    let plan = Command::new(bin())
-        .args(["plan", "-n", "1", "--roles", "--json"])
-        .output()
-        .unwrap();
-    let p: Value = serde_json::from_slice(&plan.stdout).unwrap();
-    let rank = &p["ranks"][0];
+    let rank = roles_rank();
     let Some(service) = rank["roles"]["service"].as_str().map(str::to_string) else {
         eprintln!("one CPU here: no role layout");
         return;
@@ -478,12 +473,7 @@ fn under_bind_with_roles_the_holder_moves_workers_off_the_service_core() {
         .spawn()
         .unwrap();
     let pid = child.id();
-    let mask = |p: u32| -> Option<String> {
-        let s = std::fs::read_to_string(format!("/proc/{p}/status")).ok()?;
-        s.lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .map(|v| v.trim().to_string())
-    };
+    let mask = |p: u32| mask_of(&p.to_string());
     let exe = |p: u32| std::fs::read_link(format!("/proc/{p}/exe")).ok();
     let mut seen = String::new();
     let moved = poll(Duration::from_secs(3), || {
@@ -509,13 +499,7 @@ fn under_bind_with_roles_the_holder_moves_workers_off_the_service_core() {
 /// away at once and holds the process it is given until that ends.
 #[test]
 fn the_hidden_holder_holds_a_given_process_until_it_ends() {
-    let cpus = std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .unwrap()
-        .trim()
-        .to_string();
+    let cpus = mask_of("self").unwrap();
     let Some(first) = cpus.split([',', '-']).next().map(str::to_string) else {
         return;
     };
@@ -537,11 +521,7 @@ fn the_hidden_holder_holds_a_given_process_until_it_ends() {
     );
     // sleep's mask is all of ours: outside "rank" `first`, put back.
     let back = poll(Duration::from_secs(2), || {
-        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        s.lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .is_some_and(|v| v.trim() == first)
-            .then_some(())
+        (mask_of(&pid)? == first).then_some(())
     });
     assert!(back.is_some(), "put back on {first}");
     assert!(target.wait().unwrap().success());
