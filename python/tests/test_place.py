@@ -18,6 +18,7 @@ from typing import Any, Dict, List
 import pytest
 
 import threadwise
+from threadwise import _place
 from test_helper import clean_env, planned, tw
 
 # What a child records of itself: every thread's CPUs, its memory policy both
@@ -425,3 +426,52 @@ def test_apply_with_roles_places_each_thread_by_its_role(tmp_path: Path) -> None
         role = "service" if main or name.startswith("NCCL ") else "team"
         assert mask == roles[role], (name, mask, roles, masks)
     assert "outside the rank's" not in p.stderr, p.stderr
+
+
+# spawn's children hold their threads as apply does; hold=False only says.
+SPAWN_HOLD = """
+import ctypes, json, os, sys, time
+import threadwise
+
+def child(i, out, lib):
+    ctypes.CDLL(lib)  # the stand-in's constructor widens the caller's mask
+    time.sleep(float(os.environ["STANDIN_SECONDS"]) + 0.3)
+    masks = {}
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/status") as f:
+            masks[tid] = [l.split()[1] for l in f if l.startswith("Cpus_allowed_list:")][0]
+    json.dump(masks, open(os.path.join(out, f"masks{i}.json"), "w"))
+
+if __name__ == "__main__":
+    out, lib, hold = sys.argv[1], sys.argv[2], sys.argv[3] == "on"
+    threadwise.spawn(child, args=(out, lib), nprocs=2, hold=hold)
+"""
+
+
+@pytest.mark.parametrize("hold", ["on", "off"])
+def test_spawn_holds_its_childrens_threads_unless_told_not_to(tmp_path: Path, hold: str) -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: no wider mask to leak")
+    want = planned(2, tmp_path)
+    script = write(tmp_path, "spawn_hold.py", SPAWN_HOLD)
+    env = env_for(tmp_path, STANDIN_STYLE="2.29", STANDIN_SECONDS="1.5")
+    p = py(script, str(tmp_path), str(standin(tmp_path)), hold, env=env)
+    ok(p)
+    report = [l for l in p.stderr.splitlines() if l.startswith("standin: ")]
+    assert len(report) == 8, p.stderr
+    whole = _place._cpulist(frozenset(os.sched_getaffinity(0)))
+    for i in (0, 1):
+        masks = json.loads((tmp_path / f"masks{i}.json").read_text())
+        if hold == "on":
+            # Every thread back on its child's CPUs, each one said.
+            assert set(masks.values()) == {want[i]["cpus"]}, masks
+        else:
+            # The stand-in's threads left where the library put them.
+            assert whole in set(masks.values()), (whole, masks)
+    if hold == "on":
+        assert all("(back: yes)" in l for l in report), p.stderr
+        assert "put back on" in p.stderr and "left there" not in p.stderr, p.stderr
+    else:
+        assert all("(back: no)" in l for l in report), p.stderr
+        assert "left there (hold off" in p.stderr and "put back on" not in p.stderr, p.stderr
+

@@ -164,11 +164,12 @@ def _wrap(
     env_remove: List[str],
     move_workers: bool,
     allow_unbound: bool,
+    hold: bool = True,
 ) -> None:
     _die_with_parent()
     parent = os.getppid()
     try:
-        apply_slot(slot, env, env_remove, move_workers=move_workers, allow_unbound=allow_unbound)
+        apply_slot(slot, env, env_remove, move_workers=move_workers, allow_unbound=allow_unbound, hold=hold)
         fn(i, *args)
     except KeyboardInterrupt:
         if os.getppid() == parent:  # not the parent's death: a failure like any other
@@ -231,11 +232,13 @@ def start_processes(
     options: Sequence[str] = (),
     move_workers: bool = True,
     allow_unbound: bool = False,
+    hold: bool = True,
 ) -> Any:
     """`torch.multiprocessing.start_processes` with each child placed: any
     start method (spawn, fork, forkserver). Under fork and forkserver the
     child's runtimes may have read their thread variables before it is
-    placed; torch's pools are set again in the child."""
+    placed; torch's pools are set again in the child. Each child holds its
+    threads as `apply` does: `hold=False` only says which left its CPUs."""
     if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
         raise ValueError(f"nprocs={nprocs!r}: the number of processes is a whole number >= 1")
     if start_method not in multiprocessing.get_all_start_methods():
@@ -259,7 +262,7 @@ def start_processes(
             os.unlink(tf.name)
             p = mp.Process(
                 target=_wrap,
-                args=(fn, i, args, tf.name, slot, env, env_remove, move_workers, allow_unbound),
+                args=(fn, i, args, tf.name, slot, env, env_remove, move_workers, allow_unbound, hold),
                 daemon=daemon,
             )
             with _born_placed(slot, env, env_remove, allow_unbound):
@@ -295,6 +298,7 @@ def spawn(
     options: Sequence[str] = (),
     move_workers: bool = True,
     allow_unbound: bool = False,
+    hold: bool = True,
 ) -> Any:
     """A drop-in for `torch.multiprocessing.spawn`: starts `nprocs` children
     running `fn(i, *args)`, each on its own slice of this node's plan (what
@@ -302,8 +306,9 @@ def spawn(
     thread, memory policy, thread variables, torch's intra- and inter-op
     threads, DataLoader workers on the worker CPUs, LOCAL_RANK and
     LOCAL_WORLD_SIZE). `options` are `threadwise plan` options
-    (e.g. ["--workers", "4"]). Returns None, or a ProcessContext when
-    `join=False`. As torch's does, it always uses the spawn start method
+    (e.g. ["--workers", "4"]). A thread a library moves off its child's
+    CPUs is put back (`hold=False`: only said, as `run --hold off`).
+    Returns None, or a ProcessContext when `join=False`. As torch's does, it always uses the spawn start method
     (warning otherwise); `start_processes` honours the others."""
     if start_method != "spawn":
         warnings.warn(
@@ -322,4 +327,5 @@ def spawn(
         options=options,
         move_workers=move_workers,
         allow_unbound=allow_unbound,
+        hold=hold,
     )
