@@ -163,13 +163,6 @@ enum Starting {
 }
 
 impl Starting {
-    fn pid(&self) -> i32 {
-        match self {
-            Starting::Born(p) => p.pid,
-            Starting::Started(c) => c.pid,
-        }
-    }
-
     /// The started rank, once it has exec'd, its output pipes widened.
     fn started(self) -> std::io::Result<RankChild> {
         let c = match self {
@@ -207,24 +200,32 @@ fn widen_pipe(f: &File) {
     };
 }
 
-/// Start a rank: born by clone3 (a fork with raw syscalls until its exec),
-/// in the job's cgroup if there is one (no migration to wait for); its exec
-/// is waited for later, so births overlap. Where the kernel refuses, forked
-/// by `Command` (and moved into the cgroup before exec, where it may be).
+/// Can rank `r` be born by clone3 (its program a path: a bare name is left
+/// to Command's own PATH search)?
+fn may_be_born(r: &RankLaunch) -> bool {
+    (r.program.is_some() || r.argv[0].as_encoded_bytes().contains(&b'/'))
+        && crate::proc::born::allowed()
+}
+
+/// Start a rank: born by clone3 (a fork with raw syscalls until its exec)
+/// from its prepared birth, in the job's cgroup if there is one (no
+/// migration to wait for); its exec is waited for later, so births overlap.
+/// Where the kernel refuses, or there is no prepared birth, forked by
+/// `Command` (and moved into the cgroup before exec, where it may be).
 fn spawn_rank(
     r: &RankLaunch,
+    prepared: Option<&mut crate::proc::born::Prepared>,
     parent: i32,
     cgroup: Option<&JobCgroup>,
-    handled: &[i32],
 ) -> std::io::Result<Starting> {
-    // A program found on PATH is a path already; a bare name is left to
-    // Command's own PATH search.
-    let has_path = r.program.is_some() || r.argv[0].as_encoded_bytes().contains(&b'/');
     // Born into the cgroup when there is one that still takes births; with
     // none, born all the same (no copy of us is made).
     let into = cgroup.map(JobCgroup::birth_fd);
-    if has_path && crate::proc::born::allowed() && into != Some(None) {
-        match crate::proc::born::start(r, parent, into.flatten(), handled) {
+    if let Some(prepared) = prepared
+        && crate::proc::born::allowed()
+        && into != Some(None)
+    {
+        match prepared.start(into.flatten()) {
             Ok(p) => return Ok(Starting::Born(p)),
             Err(crate::proc::born::BirthError::Refused(why)) => {
                 if let Some(cg) = cgroup {
@@ -361,34 +362,53 @@ fn kill_orphans(keep: Option<i32>) {
 }
 
 /// Start every rank before any output thread exists (where a rank is forked,
-/// a process with one thread copies less). A rank that cannot start stops the
-/// ones already started: never half a launch.
+/// a process with one thread copies less). Every log is opened and every
+/// birth prepared before the first clone, and freed after the last (what we
+/// write between two clones costs a page fault per page per rank: 32 faults
+/// a rank before, on the 2-core VM of BENCHMARKS.md). A rank that cannot
+/// start stops the ones already started: never half a launch.
 fn spawn_all(
     ranks: &[RankLaunch],
     opts: &RunOptions,
     cgroup: Option<&JobCgroup>,
 ) -> Result<Vec<(RankChild, Logs)>, LaunchError> {
     let parent = std::process::id() as i32;
-    let handled = match crate::proc::born::allowed() {
-        true => crate::proc::vm::handled_signals(),
-        false => vec![],
+    let mut logs: Vec<Logs> = Vec::with_capacity(ranks.len());
+    for r in ranks {
+        logs.push((
+            open_log(&opts.log_dir, r.local_rank, "stdout")?,
+            open_log(&opts.log_dir, r.local_rank, "stderr")?,
+        ));
+    }
+    let (handled, base) = match ranks.iter().any(may_be_born) {
+        true => (
+            crate::proc::vm::handled_signals(),
+            crate::proc::born::base_env(),
+        ),
+        false => Default::default(),
     };
+    let mut births = Vec::with_capacity(ranks.len());
+    for r in ranks {
+        births.push(match may_be_born(r) {
+            true => match crate::proc::born::prepare(r, parent, &handled, &base) {
+                Ok(b) => Some(b),
+                Err(source) => {
+                    return Err(LaunchError::Spawn {
+                        rank: r.local_rank,
+                        program: r.argv[0].to_string_lossy().into_owned(),
+                        source,
+                    });
+                }
+            },
+            false => None,
+        });
+    }
     // Every rank cloned first, then each one's exec waited for: the waits
     // overlap instead of adding up.
-    let mut starting: Vec<(Starting, Logs)> = vec![];
+    let mut starting: Vec<(Starting, Logs)> = Vec::with_capacity(ranks.len());
     let mut failed = None;
-    for r in ranks {
-        let logs = match (
-            open_log(&opts.log_dir, r.local_rank, "stdout"),
-            open_log(&opts.log_dir, r.local_rank, "stderr"),
-        ) {
-            (Ok(o), Ok(e)) => (o, e),
-            (Err(e), _) | (_, Err(e)) => {
-                abort(starting.iter().map(|(s, _)| s.pid()), cgroup);
-                return Err(e);
-            }
-        };
-        match spawn_rank(r, parent, cgroup, &handled) {
+    for ((r, birth), logs) in ranks.iter().zip(births.iter_mut()).zip(logs) {
+        match spawn_rank(r, birth.as_mut(), parent, cgroup) {
             Ok(s) => starting.push((s, logs)),
             Err(source) => {
                 failed = Some((r, source));
@@ -396,6 +416,7 @@ fn spawn_all(
             }
         }
     }
+    drop(births);
     let mut children = vec![];
     for ((s, logs), r) in starting.into_iter().zip(ranks) {
         match s.started() {

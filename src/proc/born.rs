@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::RankLaunch;
@@ -53,9 +53,22 @@ fn refused(e: &std::io::Error) -> bool {
     )
 }
 
-/// The environment `Command` would give: ours, less `remove`, with `set`.
-fn environment(remove: &[String], set: &BTreeMap<String, String>) -> std::io::Result<Vec<CString>> {
-    let mut env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+/// Our environment, read once for several births.
+pub(crate) type BaseEnv = BTreeMap<OsString, OsString>;
+
+/// Our environment as it is now (`Command` reads it at each spawn; a launch
+/// reads it once, before its first birth).
+pub(crate) fn base_env() -> BaseEnv {
+    std::env::vars_os().collect()
+}
+
+/// The environment `Command` would give: `base` (ours), less `remove`, with `set`.
+fn environment(
+    base: &BaseEnv,
+    remove: &[String],
+    set: &BTreeMap<String, String>,
+) -> std::io::Result<Vec<CString>> {
+    let mut env = base.clone();
     for k in remove {
         env.remove(OsStr::new(k));
     }
@@ -246,31 +259,37 @@ impl Pending {
     }
 }
 
-/// Fork `r` (into the cgroup whose directory is `cgroup`, if any), with
-/// `parent` as the process it dies with. The fork returns at once;
-/// `Pending::born` waits for its exec, so that several ranks' births overlap.
-/// `handled`: `handled_signals()`, asked once for several births.
-pub(crate) fn start(
+/// A birth made ready: everything the child reads, and the pipes, made
+/// before any rank is cloned. A launch prepares every rank first, then
+/// clones them one after another: each clone makes our memory copy-on-write
+/// again, so what we write between two clones (an allocation, a free) costs
+/// a page fault per page per rank; prepared beforehand and freed after the
+/// last clone, it costs one.
+pub(crate) struct Prepared {
+    child: Child,
+    /// Ours and the child's ends: taken by `start`.
+    fds: Option<Fds>,
+}
+
+/// /dev/null, and the stdout, stderr and status pipes (read end, write end).
+type Fds = (File, [(OwnedFd, OwnedFd); 3]);
+
+/// Make ready the birth of `r`, with `parent` as the process it dies with.
+/// `handled`: `handled_signals()`, and `base`: `base_env()`, each asked
+/// once for several births.
+pub(crate) fn prepare(
     r: &RankLaunch,
     parent: i32,
-    cgroup: Option<RawFd>,
     handled: &[i32],
-) -> Result<Pending, BirthError> {
-    let failed = BirthError::Failed;
-    // Everything the child touches, made before the clone.
+    base: &BaseEnv,
+) -> std::io::Result<Prepared> {
     let path = cstr(
         r.program
             .as_deref()
             .map_or(r.argv[0].as_os_str(), |p| p.as_os_str()),
-    )
-    .map_err(failed)?;
-    let argv: Vec<CString> = r
-        .argv
-        .iter()
-        .map(|a| cstr(a))
-        .collect::<Result<_, _>>()
-        .map_err(failed)?;
-    let envp = environment(&r.env_remove, &r.env).map_err(failed)?;
+    )?;
+    let argv: Vec<CString> = r.argv.iter().map(|a| cstr(a)).collect::<Result<_, _>>()?;
+    let envp = environment(base, &r.env_remove, &r.env)?;
     let pointers = |v: &[CString]| {
         let mut p: Vec<*const libc::c_char> = v.iter().map(|a| a.as_ptr()).collect();
         p.push(std::ptr::null());
@@ -280,10 +299,8 @@ pub(crate) fn start(
     let mut sh_argv_p = vec![SH.as_ptr(), path.as_ptr()];
     sh_argv_p.extend(argv.iter().skip(1).map(|a| a.as_ptr()));
     sh_argv_p.push(std::ptr::null());
-    let null = File::open("/dev/null").map_err(failed)?;
-    let (out_r, out_w) = pipe().map_err(failed)?;
-    let (err_r, err_w) = pipe().map_err(failed)?;
-    let (status_r, status_w) = pipe().map_err(failed)?;
+    let null = File::open("/dev/null")?;
+    let pipes = [pipe()?, pipe()?, pipe()?];
     let child = Child {
         path,
         argv_p: pointers(&argv),
@@ -293,37 +310,69 @@ pub(crate) fn start(
         _envp: envp,
         fds: [
             null.as_raw_fd(),
-            out_w.as_raw_fd(),
-            err_w.as_raw_fd(),
-            status_w.as_raw_fd(),
+            pipes[0].1.as_raw_fd(),
+            pipes[1].1.as_raw_fd(),
+            pipes[2].1.as_raw_fd(),
         ],
         parent,
         cpus: r.placement.cpus.clone(),
         mem: r.placement.mem.clone(),
         handled: handled.to_vec(),
     };
-    // SAFETY: the child runs `child_main`: raw syscalls on what was
-    // prepared before the fork, then exec or exit_group.
-    let pid = match unsafe { vm::fork(cgroup) } {
-        Ok(0) => child_main(&child),
-        Ok(p) => p,
-        Err(e) if refused(&e) => {
-            if cgroup.is_none() {
-                REFUSED.store(true, Ordering::Relaxed);
-            }
-            return Err(BirthError::Refused(e));
-        }
-        Err(e) => return Err(failed(e)),
-    };
-    // The parent: the child's ends close here (the child has its own copies);
-    // the status pipe says whether exec happened (EOF) or why not (an errno),
-    // in `Pending::born`.
-    drop((null, out_w, err_w, status_w));
-    Ok(Pending {
-        pid,
-        pipes: Some((File::from(out_r), File::from(err_r))),
-        status: File::from(status_r),
+    Ok(Prepared {
+        child,
+        fds: Some((null, pipes)),
     })
+}
+
+impl Prepared {
+    /// Fork the prepared rank (into the cgroup whose directory is `cgroup`,
+    /// if any). The fork returns at once; `Pending::born` waits for its
+    /// exec, so that several ranks' births overlap. Allocates nothing: the
+    /// caller keeps `self` until every rank is cloned, then drops them all.
+    pub(crate) fn start(&mut self, cgroup: Option<RawFd>) -> Result<Pending, BirthError> {
+        let Some((null, [out, err, status])) = self.fds.take() else {
+            return Err(BirthError::Failed(std::io::Error::from_raw_os_error(
+                libc::EALREADY,
+            )));
+        };
+        // SAFETY: the child runs `child_main`: raw syscalls on what was
+        // prepared before the fork, then exec or exit_group.
+        let pid = match unsafe { vm::fork(cgroup) } {
+            Ok(0) => child_main(&self.child),
+            Ok(p) => p,
+            Err(e) if refused(&e) => {
+                if cgroup.is_none() {
+                    REFUSED.store(true, Ordering::Relaxed);
+                }
+                // Ready again for the fall-back to find nothing half-used.
+                self.fds = Some((null, [out, err, status]));
+                return Err(BirthError::Refused(e));
+            }
+            Err(e) => return Err(BirthError::Failed(e)),
+        };
+        // The parent: the child's ends close here (the child has its own
+        // copies); the status pipe says whether exec happened (EOF) or why
+        // not (an errno), in `Pending::born`.
+        drop((null, out.1, err.1, status.1));
+        Ok(Pending {
+            pid,
+            pipes: Some((File::from(out.0), File::from(err.0))),
+            status: File::from(status.0),
+        })
+    }
+}
+
+/// Prepare and fork one rank at once (where one rank starts alone).
+#[cfg(test)]
+fn start(
+    r: &RankLaunch,
+    parent: i32,
+    cgroup: Option<RawFd>,
+    handled: &[i32],
+) -> Result<Pending, BirthError> {
+    let mut p = prepare(r, parent, handled, &base_env()).map_err(BirthError::Failed)?;
+    p.start(cgroup)
 }
 
 #[cfg(test)]

@@ -128,6 +128,27 @@ fn log_dir_links_are_not_followed_and_a_full_disk_is_reported() {
     );
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
 
+    // Rank 1's log refused: no rank starts at all (every log is opened
+    // before the first rank is born), not rank 0 started and then killed.
+    std::fs::remove_file(logs.join("rank-0.stdout")).unwrap();
+    std::os::unix::fs::symlink(&victim, logs.join("rank-1.stdout")).unwrap();
+    let ran = d.path().join("ran");
+    let out = Command::new(bin())
+        .args(["run", "-n", "2", "--oversubscribe", "-q", "--log-dir"])
+        .arg(&logs)
+        .args(["--", "sh", "-c", "touch \"$0\"-$LOCAL_RANK"])
+        .arg(&ran)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("rank-1.stdout"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!d.path().join("ran-0").exists(), "rank 0 never started");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+
     // A directory others can write: said before the run.
     let open = d.path().join("open");
     std::fs::create_dir(&open).unwrap();
