@@ -32,6 +32,26 @@ fn main() {
     measure("probe live machine (library)", 200, || {
         std::hint::black_box(live());
     });
+    // Real machines' dumps (hwloc's test data): the probe's cost grows with
+    // the CPUs it reads (a 256-thread POWER8 with SMT4, a 128-core Arm with
+    // no SMT).
+    for dump in ["256ppc-8n8s4t", "128arm-2pa2n8cluster4co"] {
+        let dir = tempfile::tempdir().unwrap();
+        let tar = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("tests/data/topologies/linux/{dump}.tar.gz"));
+        let ok = Command::new("tar")
+            .arg("-xzf")
+            .arg(&tar)
+            .arg("-C")
+            .arg(dir.path())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "tar -xzf {}", tar.display());
+        measure(&format!("probe dump {dump} (library)"), 20, || {
+            std::hint::black_box(probe_sysfs(dir.path(), false).unwrap());
+        });
+    }
     let topo = live();
     let req = PlanRequest {
         nproc: NProc::Count(topo.cores.len()),
