@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +97,20 @@ def test_worker_init_fn_applies_the_worker_cpus(monkeypatch: pytest.MonkeyPatch)
     got = os.read(r, 4096).decode()
     os.waitpid(pid, 0)
     assert got == f"{target[0]};1"
+
+
+def test_the_keyword_arguments_in_docs_spawn_md_are_the_functions() -> None:
+    """docs/spawn.md's table names every keyword argument of spawn,
+    start_processes and apply, with its default, and nothing else."""
+    import inspect
+    import re
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "spawn.md").read_text()
+    table = {m[0]: m[1] for m in re.findall(r"^\| `(\w+)` \| `([^`]*)` \|", doc, re.M)}
+    for fn in (threadwise.spawn, threadwise.start_processes, threadwise.apply):
+        kw = {
+            name: repr(p.default)
+            for name, p in inspect.signature(fn).parameters.items()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
+        }
+        assert kw == table, (fn.__name__, kw, table)
