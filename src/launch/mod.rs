@@ -8,6 +8,7 @@ pub(crate) mod machine;
 pub(crate) mod output;
 pub(crate) mod prepare;
 pub(crate) mod report;
+mod start;
 pub(crate) mod supervise;
 
 use std::collections::BTreeMap;
