@@ -114,3 +114,10 @@ def test_the_keyword_arguments_in_docs_spawn_md_are_the_functions() -> None:
             if p.kind is inspect.Parameter.KEYWORD_ONLY
         }
         assert kw == table, (fn.__name__, kw, table)
+
+
+def test_cpu_lists_are_written_as_the_binary_writes_them() -> None:
+    from threadwise._place import _cpulist
+
+    for cpus, want in [({0, 1, 2, 3, 8}, "0-3,8"), ({5}, "5"), ({0, 2, 4}, "0,2,4"), ({1, 2, 5, 6, 7, 9}, "1-2,5-7,9")]:
+        assert _cpulist(frozenset(cpus)) == want

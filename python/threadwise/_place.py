@@ -321,6 +321,11 @@ def thread_role(pid: int, tid: int, name: str, names: Sequence[Sequence[str]]) -
 
 SERVICE_ROLES = ("main", "pin-memory", "comm")
 
+#: A thread's name is read again for this many looks after it is first seen
+#: (5 s at 0.2 s), as the binary's holder does (src/proc/hold.rs, NAME_TICKS):
+#: runtimes name their threads just after starting them.
+NAME_TICKS = 25
+
 
 class ThreadHolder(threading.Thread):
     """What `run`'s supervisor does from outside (src/proc/hold.rs, the same
@@ -368,7 +373,7 @@ class ThreadHolder(threading.Thread):
             except OSError:
                 continue
             s = self.seen.setdefault(tid, {"ticks": 0, "off": 0, "set": None, "name": ""})
-            if s["ticks"] < 50:
+            if s["ticks"] < NAME_TICKS:
                 try:
                     with open(f"/proc/self/task/{tid}/comm") as f:
                         s["name"] = f.read().rstrip("\n")
@@ -420,12 +425,10 @@ def _set(tid: int, cpus: "frozenset[int]") -> bool:
 
 def _cpulist(cpus: "frozenset[int]") -> str:
     """A CPU list as the binary writes it: 0-3,8."""
-    out: List[str] = []
+    runs: List[List[int]] = []
     for c in sorted(cpus):
-        if out and "-" not in out[-1].split(",")[-1] and int(out[-1]) == c - 1:
-            out[-1] = f"{c - 1}-{c}"
-        elif out and "-" in out[-1] and int(out[-1].split("-")[1]) == c - 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{c}"
+        if runs and runs[-1][1] == c - 1:
+            runs[-1][1] = c
         else:
-            out.append(str(c))
-    return ",".join(out)
+            runs.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
