@@ -256,3 +256,35 @@ pub(crate) fn euid() -> u32 {
     // SAFETY: geteuid cannot fail and touches no memory of ours.
     unsafe { libc::geteuid() }
 }
+
+/// Make /proc/self/cmdline read `title` (what `ps` and `pgrep -f` see): the
+/// argument area the kernel gave this process is overwritten in place, as
+/// setproctitle does, cut to its length. For a forked copy of ourselves
+/// that must not pass for the command it was forked from; nothing reads the
+/// arguments afterwards.
+pub(crate) fn set_cmdline(title: &str) {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return;
+    };
+    // arg_start and arg_end: fields 48 and 49 (1-based).
+    let Some(mut f) = crate::measure::process::stat_fields(&stat) else {
+        return;
+    };
+    let num = |v: Option<&str>| v.and_then(|v| v.parse::<usize>().ok());
+    let (Some(start), Some(end)) = (num(f.nth(45)), num(f.next())) else {
+        return;
+    };
+    if start == 0 || end <= start {
+        return;
+    }
+    let len = end - start;
+    let n = title.len().min(len - 1);
+    // SAFETY: [start, end) is this process's own argument area, mapped and
+    // writable for its whole life (the kernel copied argv there at exec); the
+    // last byte stays NUL, so the kernel reads no further.
+    unsafe {
+        let p = start as *mut u8;
+        std::ptr::write_bytes(p, 0, len);
+        std::ptr::copy_nonoverlapping(title.as_ptr(), p, n);
+    }
+}

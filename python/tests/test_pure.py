@@ -121,3 +121,62 @@ def test_cpu_lists_are_written_as_the_binary_writes_them() -> None:
 
     for cpus, want in [({0, 1, 2, 3, 8}, "0-3,8"), ({5}, "5"), ({0, 2, 4}, "0,2,4"), ({1, 2, 5, 6, 7, 9}, "1-2,5-7,9")]:
         assert _cpulist(frozenset(cpus)) == want
+
+
+def _holder(**kw: object) -> "threadwise._place.ThreadHolder":
+    from threadwise import _place
+
+    return _place.ThreadHolder([4, 5, 6, 7], [], {"service": [4], "team": [5, 6, 7]}, binds=False, **kw)  # type: ignore[arg-type]
+
+
+def _thread(first: "frozenset[int]", **kw: object) -> "dict[str, object]":
+    s: "dict[str, object]" = {
+        "ticks": 1, "off": 0, "set": None, "name": "x", "first": first, "role": "unknown",
+        "could_inherit": False, "out": False, "puts": 0, "fought": False, "chose": False,
+    }
+    s.update(kw)
+    return s
+
+
+def test_the_helpers_holder_decides_as_the_binary_does() -> None:
+    """src/proc/hold.rs's `decide`, case for case (its unit tests)."""
+    wide, rank = frozenset(range(16)), frozenset([4, 5, 6, 7])
+    h = _holder()
+    assert h.decide(_thread(rank), wide) == "watch"
+    assert h.decide(_thread(rank, off=1), wide) == "correct"
+    # A fight: bounded at three put-backs, said once.
+    assert h.decide(_thread(rank, off=1, puts=3), wide) == "fight"
+    assert h.decide(_thread(rank, off=1, puts=3, fought=True), wide) == "leave"
+    always = _holder(hold="always")
+    assert always.decide(_thread(rank, off=1, puts=3), wide) == "fight-held"
+    assert always.decide(_thread(rank, off=1, puts=9, fought=True), wide) == "correct"
+    # hold=False: a departure seen once.
+    off = _holder(hold=False)
+    assert off.decide(_thread(rank, off=1), wide) == "seen"
+    assert off.decide(_thread(rank, off=1, out=True), wide) == "leave"
+    # Inside the rank: only an inherited mask is placed.
+    assert h.decide(_thread(rank, role="main"), rank) == "place"
+    four = frozenset([4])
+    assert h.decide(_thread(four, could_inherit=True), four) == "place"
+    assert h.decide(_thread(four), four) == "leave"  # its own pin
+    assert h.decide(_thread(rank), four) == "leave"  # changed, not by us
+    assert _holder().decide(_thread(four, could_inherit=True), four) == "place"
+    from threadwise import _place
+
+    binds = _place.ThreadHolder([4, 5, 6, 7], [], {"service": [4], "team": [5, 6, 7]}, binds=True)
+    assert binds.decide(_thread(four, could_inherit=True), four) == "leave"
+    # Placed, then its own choice: said once.
+    team = frozenset([5, 6, 7])
+    assert h.decide(_thread(rank, set=team), rank) == "chose"
+    assert h.decide(_thread(rank, set=team, chose=True), rank) == "leave"
+    assert h.decide(_thread(rank, set=team, role="comm"), team) == "place"
+
+
+def test_the_binding_variables_are_read_as_the_binary_reads_them() -> None:
+    from threadwise import _place
+
+    assert _place.runtime_binds({"OMP_PROC_BIND": "close"})
+    assert not _place.runtime_binds({"OMP_PROC_BIND": "false"})
+    assert _place.runtime_binds({"OMP_PLACES": "{1},{0}"})
+    assert not _place.runtime_binds({"KMP_AFFINITY": "disabled"})
+    assert not _place.runtime_binds({})

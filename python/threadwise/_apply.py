@@ -27,7 +27,7 @@ def apply_slot(
     *,
     move_workers: bool = True,
     allow_unbound: bool = False,
-    hold: bool = True,
+    hold: "bool | str" = True,
 ) -> None:
     """Apply one rank's slot (an entry of `bind --json`'s "placements") to
     this process: its memory policy for the calling thread (and what it starts
@@ -119,7 +119,7 @@ def apply(
     options: Sequence[str] = (),
     move_workers: bool = True,
     allow_unbound: bool = False,
-    hold: bool = True,
+    hold: "bool | str" = True,
 ) -> Dict[str, Any]:
     """Place this process as local rank `local_rank` of `local_world_size`
     ranks on this node, and return its plan (`threadwise.plan()`).

@@ -327,32 +327,76 @@ SERVICE_ROLES = ("main", "pin-memory", "comm")
 NAME_TICKS = 25
 
 
+#: Put-backs of one thread before its next departure is a fight, as the
+#: binary's holder (src/proc/hold.rs, TRIES).
+TRIES = 3
+#: Findings said one by one; the rest are counted (src/proc/hold.rs, SAID).
+SAID = 3
+#: OpenMP's binding variables (src/proc/hold.rs, BINDING_VARS).
+BINDING_VARS = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
+
+
+def runtime_binds(env: Mapping[str, str]) -> bool:
+    """Whether the OpenMP runtime binds its threads itself, as the binary
+    reads the same variables (src/proc/hold.rs, runtime_binds)."""
+    for k in BINDING_VARS:
+        v = env.get(k, "").strip().lower()
+        if not v:
+            continue
+        if k == "OMP_PROC_BIND" and v == "false":
+            continue
+        if k == "KMP_AFFINITY" and ("disabled" in v or "none" in v.split(",")):
+            continue
+        return True
+    return False
+
+
+def fight_hint(name: str) -> str:
+    """What to set so that a fighting thread stops (src/proc/hold.rs, fight_hint)."""
+    if name.startswith("NCCL") or name.startswith("pt_nccl"):
+        return "NCCL_IGNORE_CPU_AFFINITY=1 keeps NCCL from re-pinning its threads"
+    if name.startswith("gloo") or name.startswith("pt_"):
+        return "torch.set_num_threads or the library's own affinity setting re-pins it"
+    return "find what re-pins it (a library's affinity setting), or run with --hold always"
+
+
 class ThreadHolder(threading.Thread):
     """What `run`'s supervisor does from outside (src/proc/hold.rs, the same
-    rules), done from inside for ranks no threadwise supervises: every
-    200 ms, a thread seen outside the rank's CPUs twice in a row is put back
-    on its role's CPUs and said; with a role layout, a thread whose mask is
-    an inherited one (the rank's, the service or team set) goes to its
-    role's CPUs. A mask of its own choosing inside the rank stays. A daemon
-    thread: it ends with the process."""
+    rules), done from inside for ranks no threadwise supervises. Every
+    200 ms: a thread seen outside the rank's CPUs twice in a row is put back
+    on its role's CPUs and said, at most TRIES times; its next departure is
+    a fight, said once, then left (hold="always": put back still). Inside
+    the rank a mask the thread or its runtime chose is never touched: with a
+    role layout, only a thread still on the mask it was born with, where
+    that is the rank's whole set or a set given to another thread before it
+    was first listed (and the OpenMP runtime binds nothing), goes to its
+    role's CPUs; a placed thread that sets its own mask has chosen (said
+    once). hold=False only says, each departure once. A daemon thread: it
+    ends with the process."""
 
     def __init__(
         self,
         cpus: Sequence[int],
         names: Sequence[Sequence[str]],
         roles: Optional[Mapping[str, Sequence[int]]] = None,
-        hold: bool = True,
+        hold: "bool | str" = True,
         interval: float = 0.2,
+        binds: Optional[bool] = None,
     ) -> None:
         super().__init__(name="threadwise-hold", daemon=True)
         self.cpus = frozenset(cpus)
         self.names = [(str(p), str(r)) for p, r in names]
         self.service = frozenset(roles["service"]) if roles else None
         self.team = frozenset(roles["team"]) if roles else None
-        self.hold = hold
+        self.mode = "always" if hold == "always" else ("on" if hold else "off")
+        self.hold = self.mode != "off"
+        self.binds = runtime_binds(os.environ) if binds is None else binds
         self.interval = interval
         self.seen: Dict[int, Dict[str, Any]] = {}
+        self.given: Dict["frozenset[int]", int] = {}
+        self.looks = 0
         self.corrections: Dict[int, int] = {}
+        self.said = 0
         self.stopped = threading.Event()
 
     def target(self, role: str) -> "frozenset[int]":
@@ -360,8 +404,54 @@ class ThreadHolder(threading.Thread):
             return self.cpus
         return self.service if role in SERVICE_ROLES else self.team
 
+    def _line(self, tid: int, s: Dict[str, Any], what: str, mask: "frozenset[int]", target: "frozenset[int]") -> str:
+        who = f"thread {tid} '{s['name']}' ({s['role']})"
+        if what == "put-back":
+            return f"{who} was on CPUs {_cpulist(mask)}, outside the rank's: put back on {_cpulist(target)}"
+        if what == "seen":
+            return (f"{who} was on CPUs {_cpulist(mask)}, outside the rank's: left there "
+                    f"(hold off; its role's CPUs are {_cpulist(target)})")
+        if what == "chose":
+            return (f"{who} set its own CPUs {_cpulist(mask)} inside the rank after threadwise "
+                    f"placed it: its choice, left there (its role's CPUs are {_cpulist(target)})")
+        held_on = what == "fight-held"
+        return (f"{who} left the rank's CPUs again after {s['puts'] - int(held_on)} put-backs "
+                f"(now on {_cpulist(mask)}): a fight with whatever re-pins it; "
+                + ("put back again and held on (hold='always'), said no more"
+                   if held_on else "left there now (hold='always' keeps putting it back)")
+                + "; " + fight_hint(str(s["name"])))
+
+    def decide(self, s: Dict[str, Any], mask: "frozenset[int]") -> str:
+        """The binary's `decide` (src/proc/hold.rs), step for step."""
+        target = self.target(s["role"])
+        if not mask:
+            return "leave"
+        if not mask <= self.cpus:
+            if s["off"] + 1 < 2:
+                return "watch"
+            if self.mode == "off":
+                return "leave" if s["out"] else "seen"
+            if s["puts"] < TRIES:
+                return "correct"
+            if self.mode == "always":
+                return "correct" if s["fought"] else "fight-held"
+            return "leave" if s["fought"] else "fight"
+        if self.service is None or self.team is None:
+            return "leave"
+        if s["set"] is not None:
+            if s["set"] == mask:
+                return "place" if mask != target else "leave"
+            return "leave" if s["chose"] else "chose"
+        if mask != s["first"] or mask == target:
+            return "leave"
+        inherited = mask == self.cpus or (
+            not self.binds and s["could_inherit"] and mask in (self.service, self.team))
+        return "place" if inherited else "leave"
+
     def tick(self) -> List[str]:
-        """One look at every thread; the corrections, in words."""
+        """One look at every thread; what is to be said, in words."""
+        self.looks += 1
+        look = self.looks
         said: List[str] = []
         pid = os.getpid()
         tids = threads_of("self")
@@ -372,7 +462,13 @@ class ThreadHolder(threading.Thread):
                 mask = frozenset(os.sched_getaffinity(tid))
             except OSError:
                 continue
-            s = self.seen.setdefault(tid, {"ticks": 0, "off": 0, "set": None, "name": ""})
+            s = self.seen.get(tid)
+            if s is None:
+                s = self.seen[tid] = {
+                    "ticks": 0, "off": 0, "set": None, "name": "", "first": mask,
+                    "could_inherit": self.given.get(mask, look) < look,
+                    "out": False, "puts": 0, "fought": False, "chose": False,
+                }
             if s["ticks"] < NAME_TICKS:
                 try:
                     with open(f"/proc/self/task/{tid}/comm") as f:
@@ -381,32 +477,48 @@ class ThreadHolder(threading.Thread):
                     pass
                 s["role"] = thread_role(pid, tid, s["name"], self.names)
             s["ticks"] += 1
-            role, target = s["role"], self.target(s["role"])
-            if not mask <= self.cpus:
+            step = self.decide(s, mask)
+            target = self.target(s["role"])
+            if mask <= self.cpus:
+                s["off"], s["out"] = 0, False
+            if step == "watch":
                 s["off"] += 1
-                if s["off"] < 2:
-                    continue
-                s["off"] = 0
-                applied = self.hold and _set(tid, target)
-                if applied:
-                    s["set"] = target
-                self.corrections[tid] = self.corrections.get(tid, 0) + 1
-                said.append(
-                    f"thread {tid} '{s['name']}' ({role}) was on CPUs {_cpulist(mask)}, outside "
-                    "the rank's: "
-                    + (
-                        f"put back on {_cpulist(target)}"
-                        if applied
-                        else f"left there (hold off; its role's CPUs are {_cpulist(target)})"
-                    )
-                )
-                continue
-            s["off"] = 0
-            if self.service is None or self.team is None or mask == target:
-                continue
-            if mask in (self.cpus, self.service, self.team) or mask == s["set"]:
+            elif step == "place":
                 if self.hold and _set(tid, target):
+                    self.given.setdefault(target, look)
                     s["set"] = target
+            elif step == "chose":
+                s["chose"] = True
+                said.append(self._line(tid, s, "chose", mask, target))
+            elif step in ("seen", "correct", "fight", "fight-held"):
+                s["off"] = 0
+                what = step
+                if step == "correct":
+                    if _set(tid, target):
+                        s["puts"] += 1
+                        s["set"] = target
+                        self.corrections[tid] = self.corrections.get(tid, 0) + 1
+                        what = "put-back"
+                    else:
+                        s["out"] = True
+                        what = "seen"
+                elif step == "seen":
+                    s["out"] = True
+                else:
+                    s["fought"], s["out"] = True, True
+                    if step == "fight-held" and _set(tid, target):
+                        s["puts"] += 1
+                        s["out"] = False
+                        self.corrections[tid] = self.corrections.get(tid, 0) + 1
+                    elif step == "fight-held":
+                        what = "fight"
+                line = self._line(tid, s, what, mask, target)
+                if what in ("fight", "fight-held"):
+                    said.append(line)
+                else:
+                    self.said += 1
+                    if self.said <= SAID:
+                        said.append(line)
         return said
 
     def run(self) -> None:

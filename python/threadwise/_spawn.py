@@ -164,7 +164,7 @@ def _wrap(
     env_remove: List[str],
     move_workers: bool,
     allow_unbound: bool,
-    hold: bool = True,
+    hold: "bool | str" = True,
 ) -> None:
     _die_with_parent()
     parent = os.getppid()
@@ -232,7 +232,7 @@ def start_processes(
     options: Sequence[str] = (),
     move_workers: bool = True,
     allow_unbound: bool = False,
-    hold: bool = True,
+    hold: "bool | str" = True,
 ) -> Any:
     """`torch.multiprocessing.start_processes` with each child placed: any
     start method (spawn, fork, forkserver). Under fork and forkserver the
@@ -298,7 +298,7 @@ def spawn(
     options: Sequence[str] = (),
     move_workers: bool = True,
     allow_unbound: bool = False,
-    hold: bool = True,
+    hold: "bool | str" = True,
 ) -> Any:
     """A drop-in for `torch.multiprocessing.spawn`: starts `nprocs` children
     running `fn(i, *args)`, each on its own slice of this node's plan (what

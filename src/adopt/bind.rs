@@ -8,7 +8,11 @@ use std::os::unix::process::CommandExt;
 use crate::launch::{LaunchError, RankLaunch, resolve};
 
 /// Apply the rank's placement and exec; returns only on failure.
-pub(crate) fn exec_rank(r: &RankLaunch, allow_unbound: bool, hold: bool) -> LaunchError {
+pub(crate) fn exec_rank(
+    r: &RankLaunch,
+    allow_unbound: bool,
+    hold: crate::proc::hold::Hold,
+) -> LaunchError {
     let Some(program) = r.argv.first() else {
         return LaunchError::NoCommand;
     };

@@ -2,11 +2,10 @@
 //! words on stderr, each line whole, and the ranks' pids to `top` (its state
 //! file, and `run --top`'s live view).
 
-use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use crate::job::{Event, Level, Reporter};
-use crate::proc::hold::Correction;
+use crate::proc::hold::{Correction, Loud, Tally};
 use crate::top::watch::TopWatcher;
 
 /// `run`'s reporter.
@@ -14,12 +13,10 @@ pub(crate) struct Stderr {
     pub top: TopWatcher,
     /// No per-rank summary at the end of a round (`--quiet`).
     pub quiet: bool,
-    /// The round's corrections so far, per local rank: (count, threads).
-    pub held: Mutex<BTreeMap<usize, (usize, Vec<String>)>>,
+    /// The round's findings about threads so far (`proc::hold`'s words and
+    /// limit, the same as bind's holder).
+    pub held: Mutex<Tally>,
 }
-
-/// Corrections said one by one per rank per round; the rest are counted.
-const HELD_SAID: usize = 3;
 
 impl Stderr {
     pub(crate) fn new(top: TopWatcher, quiet: bool) -> Stderr {
@@ -32,28 +29,24 @@ impl Stderr {
 
     fn held(&self, local_rank: usize, c: &Correction) {
         let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        let (n, names) = h.entry(local_rank).or_default();
-        *n += 1;
-        let who = format!("{} '{}' ({})", c.tid, c.name, c.role);
-        if !names.contains(&who) {
-            names.push(who.clone());
-        }
-        if *n <= HELD_SAID {
-            say(Level::Warning, &crate::proc::hold::said(local_rank, c));
+        if let Some((loud, line)) = h.add(local_rank, c) {
+            let level = match loud {
+                Loud::Warning => Level::Warning,
+                Loud::Note => Level::Note,
+            };
+            say(level, &line);
         }
     }
 
-    /// The round's corrections, once it ended.
+    /// The round's findings, once it ended.
     fn held_summary(&self) {
-        let h = std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()));
-        for (rank, (n, names)) in h {
-            say(
-                Level::Note,
-                &format!(
-                    "rank {rank}: {n} correction(s) of thread(s) that left the rank's CPUs: {}",
-                    names.join(", ")
-                ),
-            );
+        let lines = self
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .summary();
+        for line in lines {
+            say(Level::Note, &line);
         }
     }
 }

@@ -187,6 +187,7 @@ pub(crate) fn run(s: &RunSettings, r: Shared) -> Result<i32, JobError> {
             true => d.join(&host),
             false => d.clone(),
         }),
+        logs_made: false,
         relaxed,
         run_id: cfg.run_id.clone(),
         // Loaded once (NVML's start can take seconds), for tune's reports.
@@ -240,7 +241,7 @@ pub(crate) fn run(s: &RunSettings, r: Shared) -> Result<i32, JobError> {
             ),
         );
     }
-    if let Some(d) = &node.logs {
+    if let Some(d) = node.logs.as_ref().filter(|_| node.logs_made) {
         say(&*r, Level::Note, format!("logs in {}", d.display()));
     }
     for e in &node.last.log_errors {
@@ -313,6 +314,9 @@ struct Rounds<'a> {
     /// throughput read this way (tune --nnodes).
     report: Option<Metric>,
     logs: Option<PathBuf>,
+    /// A round's log directory was made: only then are the logs said to be
+    /// there.
+    logs_made: bool,
     /// What the kernel refused of the placements, given up in every round.
     relaxed: prepare::Relaxed,
     run_id: String,
@@ -400,6 +404,8 @@ impl Rounds<'_> {
         let gpu = self.gpu.as_mut().map(|g| g.stop());
         match outcome {
             Ok(o) => {
+                // The ranks ran: their logs are there.
+                self.logs_made |= dir.is_some();
                 let named = self.multi.then_some(host.as_str());
                 if let Some(f) = report::failure_report_on(&o, Some(&errors.dir), named) {
                     self.failures.push(f);

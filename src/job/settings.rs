@@ -31,7 +31,7 @@ pub(crate) struct RunSettings {
     pub show: Option<Vec<usize>>,
     pub move_workers: bool,
     /// Put back threads that leave their rank's CPUs (`--hold`).
-    pub hold: bool,
+    pub hold: crate::proc::hold::Hold,
     pub log_dir: Option<PathBuf>,
     pub allow_unbound: bool,
     /// Restarts of the ranks after a failure (`--max-restarts`), on one node

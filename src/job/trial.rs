@@ -48,7 +48,7 @@ pub(crate) fn run(t: &Trial<'_>, r: Shared) -> Result<Outcome, LaunchError> {
         log_dir: None,
         on_spawned: Some(spawned),
         move_workers: t.move_workers,
-        hold: true,
+        hold: crate::proc::hold::Hold::On,
         on_held: Some(held),
         peer: None,
     };

@@ -169,6 +169,9 @@ pub(crate) fn rank_launch(
     let mut env = rank.env.clone();
     env.extend(extra);
     let (placement, mem) = placement_of(rank);
+    // The rank's environment is ours with `env` over it.
+    let binds =
+        crate::proc::hold::runtime_binds(|k| env.get(k).cloned().or_else(|| std::env::var(k).ok()));
     RankLaunch {
         local_rank: rank.local_rank,
         argv: argv.to_vec(),
@@ -191,6 +194,7 @@ pub(crate) fn rank_launch(
         hold: rank.bind.then(|| crate::proc::hold::HoldSpec {
             cpus: rank.cpus.clone(),
             roles: rank.roles.clone(),
+            runtime_binds: binds,
         }),
     }
 }

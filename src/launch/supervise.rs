@@ -29,9 +29,9 @@ pub(crate) struct RunOptions {
     pub on_spawned: Option<Spawned>,
     /// Move each rank's DataLoader workers to its worker CPUs (see workers.rs).
     pub move_workers: bool,
-    /// Put back threads that leave their rank's CPUs (false: `--hold off`,
-    /// watch and say only; see proc/hold.rs).
-    pub hold: bool,
+    /// Put back threads that leave their rank's CPUs (`--hold`: on, always,
+    /// or off, watch and say only; see proc/hold.rs).
+    pub hold: crate::proc::hold::Hold,
     /// Told every thread found outside its rank's CPUs (local rank, what).
     pub on_held: Option<Held>,
     /// The rest of a multi-node job (see `cluster`): told of our failure,

@@ -111,11 +111,10 @@ impl ProcReader {
             .split_once('(')
             .map_or("", |(_, c)| c)
             .to_string();
-        let rest = &stat[close + 2..];
         // Fields after the comm: state is 3, utime 14, stime 15, processor 39
         // (1-based): taken in one pass, nothing collected.
         let (mut state, mut utime, mut stime, mut cpu) = (None, None, None, None);
-        for (i, f) in rest.split(' ').enumerate() {
+        for (i, f) in super::process::stat_fields(stat)?.enumerate() {
             match i {
                 0 => state = f.chars().next(),
                 11 => utime = f.parse().ok(),

@@ -81,14 +81,18 @@ pub(crate) fn comm_of_task(pid: i32, tid: i32) -> Option<String> {
         .map(|s| s.trim_end_matches('\n').to_string())
 }
 
-/// The fields of /proc/PID/stat after the command: `[0]` is the state
-/// (field 3), `[1]` the parent (field 4) ... `[36]` the last CPU (field 39).
+/// The fields of a /proc/PID/stat text after the command: `[0]` is the
+/// state (field 3), `[1]` the parent (field 4) ... `[36]` the last CPU (field
+/// 39). The command may hold `)` and spaces, so the last `)` ends it; a short
+/// or odd read gives None or fewer fields, never a panic. The one reader of
+/// that file's layout.
+pub(crate) fn stat_fields(text: &str) -> Option<std::str::SplitWhitespace<'_>> {
+    Some(text.get(text.rfind(')')? + 1..)?.split_whitespace())
+}
+
 fn stat_field(pid: i32, index: usize) -> Option<String> {
     let s = std::fs::read_to_string(path(pid, "stat")).ok()?;
-    s[s.rfind(')')? + 2..]
-        .split_whitespace()
-        .nth(index)
-        .map(str::to_string)
+    stat_fields(&s)?.nth(index).map(str::to_string)
 }
 
 /// `pid`'s parent.

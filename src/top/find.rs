@@ -26,6 +26,10 @@ pub(crate) struct RunState {
     pub command: Vec<String>,
     pub ranks: Vec<Target>,
     pub log_dir: Option<String>,
+    /// A bind holder's (`tw-hold PID`), not a run's: its one rank's
+    /// corrections, never picked as the run to watch.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub holder: bool,
 }
 
 fn uid() -> u32 {
@@ -65,7 +69,8 @@ fn own_dir() -> Result<PathBuf, String> {
 
 /// Write the state of run `state.pid`; returns the file to remove at the end.
 pub(crate) fn write_state(state: &RunState) -> Result<PathBuf, String> {
-    let f = own_dir()?.join(format!("run-{}.json", state.pid));
+    let kind = if state.holder { "hold" } else { "run" };
+    let f = own_dir()?.join(format!("{kind}-{}.json", state.pid));
     let text = serde_json::to_string(state).map_err(|e| e.to_string())?;
     // It lives as long as the run: no sync to disk (a launch would wait on it).
     crate::files::replace(&f, text.as_bytes(), false).map_err(|e| e.to_string())?;
@@ -79,6 +84,12 @@ fn alive(pid: i32) -> bool {
 
 /// The runs whose `threadwise run` is still alive, newest first.
 pub(crate) fn live_runs() -> Vec<RunState> {
+    live_states().into_iter().filter(|s| !s.holder).collect()
+}
+
+/// Every live state file: the runs', and bind's holders' (their ranks'
+/// corrections), newest first.
+pub(crate) fn live_states() -> Vec<RunState> {
     let Ok(rd) = std::fs::read_dir(state_dir()) else {
         return vec![];
     };
@@ -141,6 +152,10 @@ pub(crate) fn all_ranks() -> Vec<Target> {
             continue;
         }
         let comm = process::comm(pid).unwrap_or_default();
+        // bind's holders carry the rank's variables: never a rank.
+        if comm.starts_with("tw-hold") {
+            continue;
+        }
         if matches!(
             comm.as_str(),
             "srun" | "torchrun" | "threadwise" | "slurmstepd" | "mpirun" | "prterun" | "prted"

@@ -379,7 +379,7 @@ impl Sampler {
     /// The corrections `run` has made to each target's threads so far, from
     /// the live runs' state files (a few small files, read once a sample).
     fn refresh_corrections(&mut self) {
-        let runs = find::live_runs();
+        let runs = find::live_states();
         for t in &mut self.targets {
             if let Some(r) = runs.iter().flat_map(|s| &s.ranks).find(|r| r.pid == t.pid) {
                 t.corrections = r.corrections.clone();

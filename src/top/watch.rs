@@ -71,6 +71,7 @@ impl RunWatch {
             command: w.command.clone(),
             ranks: ranks.clone(),
             log_dir,
+            holder: false,
         };
         match find::write_state(&state) {
             Ok(f) => *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some((f, state)),
@@ -167,6 +168,7 @@ impl TopWatcher {
             } => {
                 if let Some((r, w)) = round.as_ref()
                     && r == n
+                    && correction.counts()
                 {
                     w.held(*local_rank, correction.tid);
                 }

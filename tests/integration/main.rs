@@ -11,6 +11,7 @@ mod doctor;
 mod elastic;
 mod gpus;
 mod hardening;
+mod holding;
 mod hosts;
 mod layout;
 mod plans;
