@@ -43,6 +43,15 @@ fn join_timeout(a: &RunCmd) -> Duration {
         .unwrap_or(Duration::from_secs(600))
 }
 
+/// The whole command, quoted as a shell would need it.
+fn shell_line(argv: &[OsString]) -> String {
+    let shown: Vec<String> = argv
+        .iter()
+        .map(|s| crate::export::quote(&s.to_string_lossy()))
+        .collect();
+    shown.join(" ")
+}
+
 /// The command each rank runs. After `--`, as given. Without it, torchrun's
 /// form: `SCRIPT ARGS` runs `python -u SCRIPT ARGS` (`-m`: `python -u -m
 /// MODULE ARGS`; `--no-python`: SCRIPT is the program), with the first of
@@ -78,7 +87,11 @@ fn rank_command(
         return Ok((cmd, None));
     }
     if a.no_python && !a.torchrun.run_path {
-        return Ok((cmd, None));
+        let note = format!(
+            "torchrun's form (no --) with --no-python: each rank runs {}",
+            shell_line(&cmd)
+        );
+        return Ok((cmd, Some(note)));
     }
     let Some(python) = ["python", "python3"].into_iter().find(|p| find(p)) else {
         return Err(Failure::env(
@@ -105,14 +118,9 @@ fn rank_command(
         argv.push("-m".into());
     }
     argv.extend(cmd);
-    // The whole command, quoted as a shell would need it.
-    let shown: Vec<String> = argv
-        .iter()
-        .map(|s| crate::export::quote(&s.to_string_lossy()))
-        .collect();
     let note = format!(
         "torchrun's form (no --): each rank runs {}{}",
-        shown.join(" "),
+        shell_line(&argv),
         if a.torchrun.run_path {
             " (--run-path: the script runs as __main__, in a Python of its own per rank)"
         } else {
@@ -176,6 +184,8 @@ struct Derived {
     endpoint: Option<Endpoint>,
     master_port: Option<u16>,
     grace: Duration,
+    /// `--top` where the live view can draw.
+    live: bool,
 }
 
 /// The rendezvous endpoint and the ranks' MASTER_PORT: as given; or, in
@@ -268,13 +278,13 @@ fn run_settings(
         grace: d.grace,
         prefix: !a.no_prefix,
         // The live view takes the terminal; the output still goes to the logs.
-        show: if a.top {
+        show: if d.live {
             Some(vec![])
         } else {
             a.local_ranks_filter
         },
         move_workers: !a.no_move_workers,
-        hold: a.hold.on(),
+        hold: a.hold.hold,
         log_dir: a.log_dir,
         allow_unbound: a.allow_unbound,
         max_restarts: a.max_restarts,
@@ -362,13 +372,25 @@ pub(super) fn run(a: RunCmd, from_env: &[FromEnv]) -> Result<Exit, Failure> {
     let (dry, doctor) = (a.dry_run, !a.no_doctor);
     let auth = rendezvous_auth(&a, endpoint.as_ref(), &mut notes)?;
     let stop_on_usr = torchrun.output.stop_on_usr.clone();
-    let live = a.top;
+    // Without a terminal the view cannot draw: the ranks' output is shown
+    // instead, so nothing of it is lost.
+    let live = match (a.top, crate::top::ui::terminal()) {
+        (true, Err(why)) => {
+            notes.push(format!(
+                "--top: {why}: the ranks' output is shown instead of the live view \
+                 (watch them with threadwise top from a terminal)"
+            ));
+            false
+        }
+        (top, _) => top,
+    };
     let d = Derived {
         command,
         program,
         endpoint,
         master_port,
         grace: torchrun.grace.unwrap_or(a.grace),
+        live,
     };
     let s = run_settings(a, d, p, t, auth, torchrun.output)?;
     if dry {
@@ -451,7 +473,7 @@ pub(super) fn bind_cmd(a: BindCmd) -> Result<Exit, Failure> {
         };
         return super::emit(&prepare::dry_run(&one, &[l], false, &current));
     }
-    Err(bind::exec_rank(&l, a.allow_unbound, a.hold.on()).into())
+    Err(bind::exec_rank(&l, a.allow_unbound, a.hold.hold).into())
 }
 
 #[cfg(test)]

@@ -117,6 +117,15 @@ fn find_targets(a: &TopCmd) -> Result<Vec<Target>, Failure> {
 }
 
 pub(super) fn top_cmd(a: TopCmd) -> Result<Exit, Failure> {
+    if !a.once
+        && !a.json
+        && let Err(why) = ui::terminal()
+    {
+        return Err(Failure::usage(
+            format!("top's live view needs a terminal: {why}"),
+            "use --once for one view (text, or --json), or --json for a line per interval",
+        ));
+    }
     let targets = find_targets(&a)?;
     let mut s = Sampler::new(targets);
     if a.once {

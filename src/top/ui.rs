@@ -197,13 +197,30 @@ fn alert_lines(v: &View) -> Vec<Line<'static>> {
 }
 
 /// Run the view until `q`, Esc, or `done()` (the watched run ended).
+/// Whether the live view can draw here: standard output a terminal, and a
+/// controlling terminal to read keys from. Without one (a CI job, `ssh`
+/// without `-t`, output to a file) the reason.
+pub(crate) fn terminal() -> Result<(), String> {
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() {
+        return Err("standard output is not a terminal".into());
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/tty")
+        .map(drop)
+        .map_err(|e| format!("no controlling terminal to read keys from (/dev/tty: {e})"))
+}
+
 pub(crate) fn run(
     topo: &Topology,
     sampler: &mut Sampler,
     interval: Duration,
     done: &dyn Fn() -> bool,
 ) -> std::io::Result<()> {
-    let mut term = ratatui::init();
+    terminal().map_err(std::io::Error::other)?;
+    let mut term = ratatui::try_init()?;
     let result = (|| -> std::io::Result<()> {
         let mut v = sampler.sample();
         loop {
