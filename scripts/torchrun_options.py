@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Every option of the installed torchrun, read from its own parser, given to
 `threadwise run --dry-run` in each spelling (and through PET_<DEST> where
-torchrun reads one): each must be accepted and none taken for the script. A
+torchrun reads one): each must be accepted and none taken for the script.
+Then every abbreviation argparse takes (a prefix no other option string
+shares) must be taken too, and every prefix it refuses as ambiguous refused. A
 torchrun that grows an option fails here, not in a user's job.
 
     python scripts/torchrun_options.py THREADWISE
@@ -68,3 +70,33 @@ for a in get_args_parser()._actions:
         var = "PET_" + a.dest.upper()
         check([target, "--lr", "0.1"], {var: "1" if switch else value[0]}, a.dest, var)
 print(f"{'torchrun options (its own parser)':<44} {n} options in every spelling, {pets} PET_ variables: all accepted, none taken for the script")
+
+
+# torchrun's abbreviations: argparse takes a prefix of exactly one option string.
+strings = [s for a in get_args_parser()._actions for s in a.option_strings if s.startswith("--")]
+taken = refused = 0
+for a in get_args_parser()._actions:
+    if not a.option_strings or a.dest in ("help", "print_completion"):
+        continue
+    switch = a.nargs == 0
+    value = [] if switch else [a.choices[0] if a.choices else SAMPLE.get(a.dest, "1")]
+    target = script if a.dest == "no_python" else "train.py"
+    for flag in (f for f in a.option_strings if f.startswith("--")):
+        for k in range(3, len(flag)):
+            pre = flag[:k]
+            if pre in strings:
+                continue
+            hits = [s for s in strings if s.startswith(pre)]
+            if len(hits) == 1:
+                taken += 1
+                check([pre, *value, target, "--lr", "0.1"], {}, a.dest, f"abbreviation {pre}")
+            else:
+                refused += 1
+                e = dict(os.environ)
+                e.pop("SLURM_JOB_ID", None)
+                r = subprocess.run([tw, "run", "--dry-run", pre, *value, target], cwd=d, env=e,
+                                   capture_output=True, text=True)
+                if r.returncode != 2 or "ambiguous option" not in r.stderr:
+                    sys.exit(f"FAIL torchrun refuses {pre} (could be {hits}); threadwise: exit "
+                             f"{r.returncode}\n{r.stderr}")
+print(f"{'torchrun abbreviations':<44} {taken} taken as torchrun takes them, {refused} ambiguous ones refused")

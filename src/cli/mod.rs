@@ -6,6 +6,7 @@ mod doctor;
 mod hold;
 mod launch;
 mod pet;
+mod prefix;
 mod report;
 mod settings;
 mod top;
@@ -330,6 +331,22 @@ pub(crate) fn main() -> i32 {
             crate::say!("hint: give one node count (e.g. {}=2), or unset it", r.var);
             return 2;
         }
+    };
+    // torchrun's abbreviations, read as torchrun reads them.
+    let argv = match argv.get(1).is_some_and(|a| a == "run") {
+        true => {
+            let tree = run_tree();
+            let run = tree.find_subcommand("run").expect("run's tree has run");
+            match prefix::run_argv(&argv, run) {
+                Ok(a) => a,
+                Err(message) => {
+                    crate::say!("error: {message}");
+                    crate::say!("hint: write the option out (threadwise run --help lists them)");
+                    return 2;
+                }
+            }
+        }
+        false => argv,
     };
     let cli = match parse(&argv) {
         Ok(c) => c,

@@ -397,3 +397,61 @@ fn a_replaced_torchrun_line_keeps_its_world_size() {
     assert_eq!(ranks(&["--nproc-per-node", "2", "train.py"]).0, 2);
     assert_eq!(ranks(&["--", "python", "train.py"]).0, 4);
 }
+
+/// torchrun (argparse) takes a prefix that one option string alone starts
+/// with, and refuses one that several share; so does `run` (the whole list is
+/// checked against the installed torchrun by scripts/torchrun_options.py).
+#[test]
+fn torchruns_abbreviations_are_taken_and_an_ambiguous_one_refused() {
+    let out = threadwise()
+        .args([
+            "run",
+            "--dry-run",
+            "--nproc_per",
+            "2",
+            "--master_p",
+            "29560",
+            "--max-restart",
+            "1",
+            "--no-python",
+            "/bin/true",
+            "--lr",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("2 rank(s)"), "{text}");
+    assert_eq!(argv_line(&out).as_deref(), Some("/bin/true --lr"), "{text}");
+    // A prefix both spellings of one option share: torchrun refuses it too.
+    let out = threadwise()
+        .args(["run", "--dry-run", "--nproc", "2", "train.py"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.starts_with(
+            "error: ambiguous option: --nproc could match --nproc-per-node, --nproc_per_node"
+        ),
+        "{err}"
+    );
+    // Past the script, nothing is expanded: the script's own options are its.
+    let out = threadwise()
+        .args([
+            "run",
+            "--dry-run",
+            "--no-python",
+            "/bin/true",
+            "--nproc",
+            "x",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(argv_line(&out).as_deref(), Some("/bin/true --nproc x"));
+}
