@@ -322,9 +322,10 @@ pub(crate) struct RunCmd {
     /// the plan options (for tune --nnodes)
     #[arg(long, hide = true)]
     pub plan_request: Option<String>,
-    /// Restarts of every node's ranks after a rank fails (multi-node, as torchrun)
+    /// Restarts of the ranks after a rank fails, on one node or every node of a job (as
+    /// torchrun; TORCHELASTIC_RESTART_COUNT counts them)
     #[arg(
-        help_heading = "Multi-node",
+        help_heading = "Launch",
         long,
         alias = "max_restarts",
         default_value_t = 0

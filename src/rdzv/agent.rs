@@ -257,10 +257,19 @@ fn handshake(
                     host_nonce: &nonce,
                     hello: &said,
                 };
-                let theirs = cfg
-                    .auth
-                    .check(Side::Host, &session, &proof)
-                    .map_err(|e| fake(format!("its proof fails ({e})")))?;
+                let theirs = cfg.auth.check(Side::Host, &session, &proof).map_err(|e| {
+                    // Both ends prove the session, this node's hello in
+                    // it: a host without the secret and a relay that
+                    // changed the hello on its way fail alike.
+                    Turned::Away(ClusterError::NotGenuine(format!(
+                        "the rendezvous host at {}'s proof fails ({e}): either it is not \
+                             this job's (it does not hold the job's {}), or something between \
+                             the nodes changed this node's hello on its way (a relay or proxy \
+                             rewriting the connection)",
+                        cfg.endpoint,
+                        cfg.auth.mode()
+                    )))
+                })?;
                 let ours = cfg.auth.prove(Side::Agent, &session).map_err(|e| {
                     Turned::Away(ClusterError::Io(format!("cannot prove this node: {e}")))
                 })?;

@@ -15,25 +15,74 @@ use crate::cpuset::CpuSet;
 const CPU_DIR: &str = "sys/devices/system/cpu";
 const NODE_DIR: &str = "sys/devices/system/node";
 const PCI_DIR: &str = "sys/bus/pci/devices";
+/// Odd files said in the notes, at most (a dump of FIFOs says so in a few).
+const MAX_ODD: usize = 8;
 
-struct Root<'a>(&'a Path);
+struct Root<'a>(&'a Path, std::cell::RefCell<Vec<String>>);
 
-impl Root<'_> {
+impl<'a> Root<'a> {
+    fn new(root: &'a Path) -> Root<'a> {
+        Root(root, Default::default())
+    }
     fn path(&self, rel: &str) -> PathBuf {
         self.0.join(rel)
     }
+    /// A file that is there but could not be taken (a FIFO, a device, a
+    /// directory, too large, not text, a list out of range): said once in
+    /// the topology's notes, read as absent.
+    fn odd(&self, rel: &str, why: impl std::fmt::Display) {
+        let mut n = self.1.borrow_mut();
+        if n.len() < MAX_ODD {
+            n.push(format!(
+                "{rel} in {}: {why}; read as absent",
+                self.0.display()
+            ));
+        }
+    }
     fn read(&self, rel: &str) -> Option<String> {
-        let text = fsread::read_under(self.0, rel)?;
+        let path = fsread::under(self.0, rel)?;
+        let text = match fsread::read_kernel_file(&path, fsread::MAX_SYSFS_FILE) {
+            Ok(t) => t,
+            Err(fsread::ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                return None;
+            }
+            Err(e) => {
+                // EAGAIN: a FIFO with no writer; EISDIR: a directory.
+                let why = match &e {
+                    fsread::ReadError::Io(io) if io.raw_os_error() == Some(libc::EAGAIN) => {
+                        "not a regular file (a FIFO?)".to_string()
+                    }
+                    fsread::ReadError::Io(io) if io.raw_os_error() == Some(libc::EISDIR) => {
+                        "a directory, not a file".to_string()
+                    }
+                    other => other.to_string(),
+                };
+                self.odd(rel, why);
+                return None;
+            }
+        };
+        // A kernel file ends in a newline: nothing at all is a FIFO with
+        // no writer, a socket or a device (an fstat only then).
+        if text.is_empty() && std::fs::metadata(&path).is_ok_and(|m| !m.is_file()) {
+            self.odd(rel, "not a regular file (a FIFO, socket or device)");
+            return None;
+        }
         Some(
             text.trim_matches(|c: char| c == '\0' || c.is_whitespace())
                 .to_string(),
         )
     }
     fn list(&self, rel: &str) -> Option<CpuSet> {
-        CpuSet::parse_list(&self.read(rel)?).ok()
+        let text = self.read(rel)?;
+        CpuSet::parse_list(&text)
+            .map_err(|e| self.odd(rel, format!("not a CPU list ({e})")))
+            .ok()
     }
     fn mask(&self, rel: &str) -> Option<CpuSet> {
-        CpuSet::parse_mask(&self.read(rel)?).ok()
+        let text = self.read(rel)?;
+        CpuSet::parse_mask(&text)
+            .map_err(|e| self.odd(rel, format!("not a CPU mask ({e})")))
+            .ok()
     }
     /// A cpulist file, or its mask twin (`foo_list` / `foo`, `cpulist` / `cpumap`).
     fn list_or_mask(&self, list: &str, mask: &str) -> Option<CpuSet> {
@@ -476,7 +525,7 @@ fn pci(r: &Root, t: &mut Topology) {
 
 /// Read the machine below `root`. `live` adds this process's affinity mask.
 pub fn probe(root: &Path, live: bool) -> Result<Topology, TopologyError> {
-    let r = Root(root);
+    let r = Root::new(root);
     if !r.path(CPU_DIR).is_dir() {
         return Err(TopologyError::NotARoot {
             path: root.display().to_string(),
@@ -522,6 +571,7 @@ pub fn probe(root: &Path, live: bool) -> Result<Topology, TopologyError> {
             "the allowed CPU set is empty (cgroup cpuset and online CPUs do not meet)".into(),
         );
     }
+    t.notes.extend(r.1.take());
     Ok(t)
 }
 
@@ -572,6 +622,32 @@ mod tests {
     }
 
     #[test]
+    fn odd_files_in_a_dump_are_said_not_passed_over() {
+        let d = odd_machine();
+        let cpu1 = d
+            .path()
+            .join("sys/devices/system/cpu/cpu1/cache/index3/shared_cpu_map");
+        let _ = std::fs::remove_file(&cpu1);
+        let fifo = std::ffi::CString::new(cpu1.to_str().unwrap()).unwrap();
+        // SAFETY: a plain syscall on a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let cache2 = d.path().join("sys/devices/system/cpu/cpu2/cache/index3");
+        std::fs::remove_file(cache2.join("shared_cpu_map")).unwrap();
+        let big = cache2.join("shared_cpu_list");
+        std::fs::write(&big, "0-4294967295\n").unwrap();
+        let t = probe(d.path(), false).unwrap();
+        let said = t.notes.join("\n");
+        assert!(
+            said.contains("cpu1/cache/index3/shared_cpu_map") && said.contains("FIFO"),
+            "{said}"
+        );
+        assert!(
+            said.contains("cpu2/cache/index3/shared_cpu_list") && said.contains("not a CPU list"),
+            "{said}"
+        );
+    }
+
+    #[test]
     fn overlapping_nodes_give_each_cpu_one_node() {
         let d = odd_machine();
         let t = probe(d.path(), false).unwrap();
@@ -613,7 +689,7 @@ mod tests {
             .map(|(p, s)| (p.as_str(), s.as_str()))
             .collect();
         let d = fake_root(&files);
-        let r = Root(d.path());
+        let r = Root::new(d.path());
         let infos = read_cpus(&r, &CpuSet::parse_list("0-3").unwrap());
         assert_eq!(
             (infos[&1].package_id, infos[&1].core_id),

@@ -374,3 +374,55 @@ fn the_readme_opens_with_the_users_way_in() {
         );
     }
 }
+
+/// A table's last row followed by a line of text with no blank line between
+/// them: CommonMark reads that text as one more row (docs/spawn.md's
+/// keyword table once swallowed the paragraph after it). Checked on every
+/// page, outside code blocks.
+pub(super) fn tables_run_into_text(text: &str) -> Vec<(usize, String)> {
+    let mut bad = vec![];
+    let mut fenced = false;
+    let mut prev_row = false;
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim_start();
+        if t.starts_with("```") {
+            fenced = !fenced;
+            prev_row = false;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        let row = t.starts_with('|');
+        if prev_row && !row && !t.is_empty() {
+            bad.push((i + 1, line.to_string()));
+        }
+        prev_row = row;
+    }
+    bad
+}
+
+#[test]
+fn every_table_ends_before_the_text_after_it() {
+    // The check itself: it finds the case it is for, and passes a good one.
+    let bad = "| a | b |\n|---|---|\n| 1 | 2 | The slice\ncomes from\n";
+    assert_eq!(tables_run_into_text(bad).len(), 1);
+    assert!(tables_run_into_text("| a |\n|---|\n| 1 |\n\ntext\n").is_empty());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut pages: Vec<std::path::PathBuf> = ["BENCHMARKS.md", "CONTRIBUTING.md", "SECURITY.md"]
+        .iter()
+        .map(|p| root.join(p))
+        .collect();
+    pages.extend(super::docs::pages());
+    let mut found = vec![];
+    for p in &pages {
+        for (line, text) in tables_run_into_text(&std::fs::read_to_string(p).unwrap()) {
+            found.push(format!("{}:{line}: {text}", p.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a table runs into the text after it (add a blank line):\n{}",
+        found.join("\n")
+    );
+}

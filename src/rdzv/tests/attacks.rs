@@ -102,7 +102,11 @@ fn a_relay_that_rewrites_the_hello_is_refused() {
         );
         assert!(ran.lock().unwrap().is_empty(), "{what}: no rank of b ran");
         match eb {
-            Err(e) => assert!(e.to_string().contains("not this job's"), "{what}: {e}"),
+            Err(e) => assert!(
+                e.to_string().contains("not this job's")
+                    && e.to_string().contains("changed this node's hello"),
+                "{what}: {e}"
+            ),
             Ok(end) => panic!("{what}: the rewritten hello was taken: {end:?}"),
         }
         for s in starts.lock().unwrap().iter() {

@@ -148,7 +148,9 @@ fn an_agent_with_another_secret_is_turned_away_and_the_job_forms() {
     let b = read(d.path(), "bad");
     assert_eq!(code, 3, "{b}");
     assert!(
-        b.contains("the rendezvous host at host0:29632 is not this job's: its proof fails"),
+        b.contains("the rendezvous host at host0:29632's proof fails")
+            && b.contains("either it is not this job's")
+            && b.contains("or something between the nodes changed this node's hello"),
         "{b}"
     );
     let mut n1 = run("host1", good, "host1");
