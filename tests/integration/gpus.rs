@@ -255,17 +255,17 @@ fn live(scenario: &str, script: &str, env: &[(&str, &str)]) -> Output {
     with_env(c, env)
 }
 
-fn leftovers() -> Vec<String> {
-    let mut v: Vec<String> = vec![];
-    for dir in ["/sys/fs/cgroup/devices", "/tmp"] {
-        if let Ok(rd) = std::fs::read_dir(dir) {
-            v.extend(
-                rd.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                    .filter(|n| n.starts_with("tw-gpu-machine")),
-            );
-        }
-    }
-    v
+/// What one machine made (its scratch directory and devices cgroup, as the
+/// script said them on stderr: `machine: DIR CGROUP`) that is still there.
+/// Only its own: tests running beside it make machines of their own.
+fn leftovers(stderr: &str) -> Vec<String> {
+    let Some(made) = stderr.lines().find_map(|l| l.strip_prefix("machine: ")) else {
+        return vec!["the script did not say what it made".into()];
+    };
+    made.split_whitespace()
+        .filter(|p| std::path::Path::new(p).exists())
+        .map(str::to_string)
+        .collect()
 }
 
 /// A Slurm-style devices cgroup on this machine: all eight /dev/nvidiaN
@@ -275,7 +275,7 @@ fn leftovers() -> Vec<String> {
 fn a_real_devices_cgroup_withholds_gpus() {
     let out = live(
         "slurm",
-        r#"set -e; "$TW" topo --json; echo ===; "$TW" plan --gpus 1 --json"#,
+        r#"set -e; echo "machine: $TW_GPU_MACHINE" >&2; "$TW" topo --json; echo ===; "$TW" plan --gpus 1 --json"#,
         &[],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -295,7 +295,8 @@ fn a_real_devices_cgroup_withholds_gpus() {
         "{a}"
     );
     assert_eq!(ranks(&plan), vec![r("0000:90:00.0", "[0]", "1")]);
-    assert!(leftovers().is_empty(), "{:?}", leftovers());
+    let err = text(&out.stderr);
+    assert!(leftovers(&err).is_empty(), "{:?}", leftovers(&err));
 }
 
 /// What NVML reports in the tune and top tests: four GPUs, the job's two

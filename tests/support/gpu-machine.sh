@@ -180,7 +180,8 @@ live() {
     echo $$ >"$cg/cgroup.procs"
   fi
   local rc=0
-  env "${envs[@]}" "$@" || rc=$?
+  # What this machine made, for a test to check that it is gone afterwards.
+  env "${envs[@]}" TW_GPU_MACHINE="$t $cg" "$@" || rc=$?
   return $rc
 }
 
