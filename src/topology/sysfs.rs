@@ -30,14 +30,13 @@ impl<'a> Root<'a> {
     /// A file that is there but could not be taken (a FIFO, a device, a
     /// directory, too large, not text, a list out of range): said once in
     /// the topology's notes, read as absent.
-    fn odd(&self, rel: &str, why: impl std::fmt::Display) {
+    fn odd<T>(&self, rel: &str, why: impl std::fmt::Display) -> Option<T> {
         let mut n = self.1.borrow_mut();
         if n.len() < MAX_ODD {
-            n.push(format!(
-                "{rel} in {}: {why}; read as absent",
-                self.0.display()
-            ));
+            let at = self.0.display();
+            n.push(format!("{rel} in {at}: {why}; read as absent"));
         }
+        None
     }
     fn read(&self, rel: &str) -> Option<String> {
         let path = fsread::under(self.0, rel)?;
@@ -46,26 +45,16 @@ impl<'a> Root<'a> {
             Err(fsread::ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
                 return None;
             }
-            Err(e) => {
-                // EAGAIN: a FIFO with no writer; EISDIR: a directory.
-                let why = match &e {
-                    fsread::ReadError::Io(io) if io.raw_os_error() == Some(libc::EAGAIN) => {
-                        "not a regular file (a FIFO?)".to_string()
-                    }
-                    fsread::ReadError::Io(io) if io.raw_os_error() == Some(libc::EISDIR) => {
-                        "a directory, not a file".to_string()
-                    }
-                    other => other.to_string(),
-                };
-                self.odd(rel, why);
-                return None;
+            // EAGAIN: a FIFO with no writer; EISDIR: a directory.
+            Err(fsread::ReadError::Io(e)) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                return self.odd(rel, "not a regular file (a FIFO?)");
             }
+            Err(e) => return self.odd(rel, e),
         };
         // A kernel file ends in a newline: nothing at all is a FIFO with
         // no writer, a socket or a device (an fstat only then).
         if text.is_empty() && std::fs::metadata(&path).is_ok_and(|m| !m.is_file()) {
-            self.odd(rel, "not a regular file (a FIFO, socket or device)");
-            return None;
+            return self.odd(rel, "not a regular file (a FIFO, socket or device)");
         }
         Some(
             text.trim_matches(|c: char| c == '\0' || c.is_whitespace())
@@ -75,14 +64,12 @@ impl<'a> Root<'a> {
     fn list(&self, rel: &str) -> Option<CpuSet> {
         let text = self.read(rel)?;
         CpuSet::parse_list(&text)
-            .map_err(|e| self.odd(rel, format!("not a CPU list ({e})")))
-            .ok()
+            .map_or_else(|e| self.odd(rel, format!("not a CPU list ({e})")), Some)
     }
     fn mask(&self, rel: &str) -> Option<CpuSet> {
         let text = self.read(rel)?;
         CpuSet::parse_mask(&text)
-            .map_err(|e| self.odd(rel, format!("not a CPU mask ({e})")))
-            .ok()
+            .map_or_else(|e| self.odd(rel, format!("not a CPU mask ({e})")), Some)
     }
     /// A cpulist file, or its mask twin (`foo_list` / `foo`, `cpulist` / `cpumap`).
     fn list_or_mask(&self, list: &str, mask: &str) -> Option<CpuSet> {
