@@ -415,7 +415,7 @@ class ThreadHolder(threading.Thread):
             return (f"{who} set its own CPUs {_cpulist(mask)} inside the rank after threadwise "
                     f"placed it: its choice, left there (its role's CPUs are {_cpulist(target)})")
         held_on = what == "fight-held"
-        return (f"{who} left the rank's CPUs again after {s['puts'] - int(held_on)} put-backs "
+        return (f"{who} left the rank's CPUs again after {TRIES} put-backs "
                 f"(now on {_cpulist(mask)}): a fight with whatever re-pins it; "
                 + ("put back again and held on (hold='always'), said no more"
                    if held_on else "left there now (hold='always' keeps putting it back)")
@@ -500,15 +500,13 @@ class ThreadHolder(threading.Thread):
                         self.corrections[tid] = self.corrections.get(tid, 0) + 1
                         what = "put-back"
                     else:
-                        s["out"] = True
-                        what = "seen"
+                        what = "seen"  # the thread ended meanwhile
                 elif step == "seen":
                     s["out"] = True
                 else:
-                    s["fought"], s["out"] = True, True
+                    s["fought"] = True
                     if step == "fight-held" and _set(tid, target):
                         s["puts"] += 1
-                        s["out"] = False
                         self.corrections[tid] = self.corrections.get(tid, 0) + 1
                     elif step == "fight-held":
                         what = "fight"

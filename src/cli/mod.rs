@@ -198,9 +198,15 @@ fn command_at(argv: &[OsString]) -> Option<usize> {
 
 /// clap's reading of `argv`, with what clap does not say: whether `run`'s
 /// command came right after `--` (run as given) or not (torchrun's form).
+#[cfg(test)]
 pub(super) fn parse(argv: &[OsString]) -> Result<Cli, clap::Error> {
+    parse_in(argv, None)
+}
+
+/// `parse`, with run's tree where the caller built it already.
+fn parse_in(argv: &[OsString], tree: Option<clap::Command>) -> Result<Cli, clap::Error> {
     let mut c = match argv.get(1).is_some_and(|a| a == "run") {
-        true => parse_run(argv)?,
+        true => parse_run(argv, tree.unwrap_or_else(run_tree))?,
         false => parse_whole(argv)?,
     };
     if let Command::Run(a) = &mut c.command {
@@ -253,9 +259,9 @@ fn parse_whole(argv: &[OsString]) -> Result<Cli, clap::Error> {
     Ok(c)
 }
 
-fn parse_run(argv: &[OsString]) -> Result<Cli, clap::Error> {
+fn parse_run(argv: &[OsString], tree: clap::Command) -> Result<Cli, clap::Error> {
     use clap::FromArgMatches;
-    let mut m = run_tree().try_get_matches_from(argv)?;
+    let mut m = tree.try_get_matches_from(argv)?;
     let Some((_, mut sub)) = m.remove_subcommand() else {
         return parse_whole(argv);
     };
@@ -316,6 +322,24 @@ pub(crate) fn main() -> i32 {
     if raw.len() == 3 && raw[1] == crate::proc::contain::WATCHDOG {
         return crate::proc::contain::watchdog(std::path::Path::new(&raw[2]));
     }
+    // torchrun's abbreviations, read as torchrun reads them, before anything
+    // looks for an option by its spelling (the PET_ variables below); run's
+    // tree is built once, for this and for parsing.
+    let tree = raw.get(1).is_some_and(|a| a == "run").then(run_tree);
+    let raw = match &tree {
+        Some(t) => {
+            let run = t.find_subcommand("run").expect("run's tree has run");
+            match prefix::run_argv(&raw, run) {
+                Ok(a) => a,
+                Err(message) => {
+                    crate::say!("error: {message}");
+                    crate::say!("hint: write the option out (threadwise run --help lists them)");
+                    return 2;
+                }
+            }
+        }
+        None => raw,
+    };
     // torchrun's variables only where one is set: the table of its options is
     // read from run's clap definition, work a plain launch is spared.
     let any_pet = std::env::vars_os().any(|(k, _)| k.as_encoded_bytes().starts_with(b"PET_"));
@@ -332,23 +356,7 @@ pub(crate) fn main() -> i32 {
             return 2;
         }
     };
-    // torchrun's abbreviations, read as torchrun reads them.
-    let argv = match argv.get(1).is_some_and(|a| a == "run") {
-        true => {
-            let tree = run_tree();
-            let run = tree.find_subcommand("run").expect("run's tree has run");
-            match prefix::run_argv(&argv, run) {
-                Ok(a) => a,
-                Err(message) => {
-                    crate::say!("error: {message}");
-                    crate::say!("hint: write the option out (threadwise run --help lists them)");
-                    return 2;
-                }
-            }
-        }
-        false => argv,
-    };
-    let cli = match parse(&argv) {
+    let cli = match parse_in(&argv, tree) {
         Ok(c) => c,
         // --help and --version print as clap draws them; a usage error in
         // the one error shape of every error (`error:` then `hint:`).
@@ -437,7 +445,7 @@ mod tests {
             &["threadwise", "run"],
         ] {
             let whole = parse_whole(&os(argv));
-            let alone = parse_run(&os(argv));
+            let alone = parse_run(&os(argv), run_tree());
             match (whole, alone) {
                 (Ok(w), Ok(a)) => assert_eq!(format!("{w:?}"), format!("{a:?}"), "{argv:?}"),
                 (Err(w), Err(a)) => {

@@ -58,13 +58,6 @@ crate::named_enum! {
     }
 }
 
-impl Hold {
-    /// Whether masks are set at all.
-    pub(crate) fn sets(self) -> bool {
-        self != Hold::Off
-    }
-}
-
 /// Where a rank's threads belong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HoldSpec {
@@ -136,8 +129,6 @@ pub(crate) struct Correction {
     /// Its role's CPUs (where it was put back, or would be).
     pub to: CpuSet,
     pub what: What,
-    /// How many times it was put back so far, this one included.
-    pub puts: u32,
 }
 
 impl Correction {
@@ -194,7 +185,7 @@ pub(crate) struct Thread {
     pub set: Option<CpuSet>,
     /// Looks in a row it was outside, before this one.
     pub off: u8,
-    /// It is outside and this departure was said (`--hold off`, a fight).
+    /// `--hold off`: it is outside and this departure was said.
     pub out: bool,
     /// Put-backs so far.
     pub puts: u32,
@@ -330,15 +321,15 @@ impl Holder {
                 t.off = 0;
                 t.out = false;
             }
-            let mut found = |what: What, to: &CpuSet, t: &Thread| {
+            let target = self.spec.target(s.role);
+            let mut found = |what: What| {
                 out.push(Correction {
                     tid,
                     name: s.name.clone(),
                     role: s.role,
                     from: mask.clone(),
-                    to: to.clone(),
+                    to: target.clone(),
                     what,
-                    puts: t.puts,
                 })
             };
             match step {
@@ -347,42 +338,36 @@ impl Holder {
                 Step::Seen => {
                     t.off = 0;
                     t.out = true;
-                    found(What::Seen, self.spec.target(s.role), t);
+                    found(What::Seen);
                 }
                 Step::Place(to) => {
-                    if self.mode.sets() && set(tid, &to) {
+                    if self.mode != Hold::Off && set(tid, &to) {
                         self.given.entry(to.clone()).or_insert(look);
                         t.set = Some(to);
                     }
                 }
                 Step::Chose => {
                     t.chose = true;
-                    found(What::Chose, self.spec.target(s.role), t);
+                    found(What::Chose);
                 }
                 Step::Correct(to) => {
                     t.off = 0;
-                    if set(tid, &to) {
-                        t.puts += 1;
-                        t.set = Some(to.clone());
-                        found(What::PutBack, &to, t);
-                    } else {
-                        t.out = true;
-                        found(What::Seen, &to, t);
+                    // A set refused (the thread ended meanwhile): seen only.
+                    match set(tid, &to) {
+                        true => {
+                            t.puts += 1;
+                            t.set = Some(to);
+                            found(What::PutBack);
+                        }
+                        false => found(What::Seen),
                     }
                 }
                 Step::Fight(again) => {
                     t.off = 0;
                     t.fought = true;
-                    t.out = true;
-                    let held_on = match &again {
-                        Some(to) if set(tid, to) => {
-                            t.puts += 1;
-                            t.out = false;
-                            true
-                        }
-                        _ => false,
-                    };
-                    found(What::Fight { held_on }, self.spec.target(s.role), t);
+                    let held_on = again.is_some_and(|to| set(tid, &to));
+                    t.puts += u32::from(held_on);
+                    found(What::Fight { held_on });
                 }
             }
         }
@@ -419,12 +404,8 @@ pub(crate) fn said(local_rank: usize, c: &Correction) -> String {
             c.from, c.to
         ),
         What::Fight { held_on } => format!(
-            "{who} left the rank's CPUs again after {} put-backs (now on {}): a fight with \
-             whatever re-pins it; {}; {}",
-            match held_on {
-                true => c.puts - 1,
-                false => c.puts,
-            },
+            "{who} left the rank's CPUs again after {TRIES} put-backs (now on {}): a fight \
+             with whatever re-pins it; {}; {}",
             c.from,
             match held_on {
                 true => "put back again and held on (--hold always), said no more",

@@ -196,7 +196,6 @@ fn alert_lines(v: &View) -> Vec<Line<'static>> {
     }
 }
 
-/// Run the view until `q`, Esc, or `done()` (the watched run ended).
 /// Whether the live view can draw here: standard output a terminal, and a
 /// controlling terminal to read keys from. Without one (a CI job, `ssh`
 /// without `-t`, output to a file) the reason.
@@ -213,6 +212,7 @@ pub(crate) fn terminal() -> Result<(), String> {
         .map_err(|e| format!("no controlling terminal to read keys from (/dev/tty: {e})"))
 }
 
+/// Run the view until `q`, Esc, or `done()` (the watched run ended).
 pub(crate) fn run(
     topo: &Topology,
     sampler: &mut Sampler,

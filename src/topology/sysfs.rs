@@ -45,7 +45,7 @@ impl<'a> Root<'a> {
             Err(fsread::ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
                 return None;
             }
-            // EAGAIN: a FIFO with no writer; EISDIR: a directory.
+            // EAGAIN: a FIFO with no writer.
             Err(fsread::ReadError::Io(e)) if e.raw_os_error() == Some(libc::EAGAIN) => {
                 return self.odd(rel, "not a regular file (a FIFO?)");
             }
@@ -558,7 +558,11 @@ pub fn probe(root: &Path, live: bool) -> Result<Topology, TopologyError> {
             "the allowed CPU set is empty (cgroup cpuset and online CPUs do not meet)".into(),
         );
     }
-    t.notes.extend(r.1.take());
+    // A dump's odd files (`--root`); a live kernel's files are its own,
+    // and some attributes refuse reads (EIO, EINVAL) as a matter of course.
+    if !live {
+        t.notes.extend(r.1.take());
+    }
     Ok(t)
 }
 

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use super::roles::{EVENT, holders_of, poll, roles_rank};
+use super::roles::{EVENT, holder_pids, holders_of, poll, roles_rank};
 use super::run::{bin, text};
 
 /// The pinner, built once (with OpenMP).
@@ -229,15 +229,6 @@ fn hold_off_counts_one_departure_once() {
     assert!(!err.contains("correction(s)"), "{err}");
 }
 
-/// The holder of `pid`: its pid.
-fn holder_of(pid: u32) -> Option<u32> {
-    let name = format!("tw-hold {pid}");
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-        (comm.trim_end() == name).then(|| e.file_name().to_str()?.parse().ok())?
-    })
-}
-
 #[test]
 fn binds_corrections_reach_top_and_its_holder_is_no_rank() {
     if !two_ranks() {
@@ -257,7 +248,7 @@ fn binds_corrections_reach_top_and_its_holder_is_no_rank() {
         .spawn()
         .unwrap();
     let pid = child.id();
-    let holder = poll(EVENT, || holder_of(pid)).expect("a holder");
+    let holder = poll(EVENT, || holder_pids(pid).first().copied()).expect("a holder");
     // Its command line names itself, not the rank's command.
     let cmdline = std::fs::read(format!("/proc/{holder}/cmdline")).unwrap();
     let first = cmdline.split(|b| *b == 0).next().unwrap();

@@ -355,13 +355,20 @@ fn end_run(child: std::process::Child) {
 /// Holders of `pid`: processes named `tw-hold PID` (bind's fork and the
 /// hidden `__hold` both name themselves so).
 pub(super) fn holders_of(pid: u32) -> usize {
+    holder_pids(pid).len()
+}
+
+/// The pids of `pid`'s holders.
+pub(super) fn holder_pids(pid: u32) -> Vec<u32> {
     let name = format!("tw-hold {pid}");
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path().join("comm")).ok())
-        .filter(|c| c.trim_end() == name)
-        .count()
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
+        })
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
 }
 
 #[test]

@@ -440,6 +440,27 @@ fn torchruns_abbreviations_are_taken_and_an_ambiguous_one_refused() {
         ),
         "{err}"
     );
+    // Written out before torchrun's variables are read: the command line's
+    // abbreviation wins over PET_NPROC_PER_NODE, as its full spelling does.
+    let out = threadwise()
+        .args([
+            "run",
+            "--dry-run",
+            "--nproc_per",
+            "2",
+            "--no-python",
+            "/bin/true",
+        ])
+        .env("PET_NPROC_PER_NODE", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("2 rank(s)"), "{text}");
     // Past the script, nothing is expanded: the script's own options are its.
     let out = threadwise()
         .args([
