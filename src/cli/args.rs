@@ -19,7 +19,7 @@ use crate::workload;
 pub(super) use super::values::MAX_RANKS;
 pub(crate) use super::values::{Nodes, RdzvConf};
 use super::values::{
-    parse_amount, parse_gpus, parse_grace, parse_interval, parse_nnodes, parse_nproc,
+    parse_amount, parse_gpus, parse_grace, parse_interval, parse_margin, parse_nnodes, parse_nproc,
     parse_probe_timeout, parse_rdzv_conf, parse_reserve, parse_threads, parse_timeout, parse_wait,
     parse_work_seconds,
 };
@@ -517,9 +517,9 @@ pub(crate) struct TuneCmd {
     /// Measured rounds: each runs every configuration once, in a shuffled order
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000).map(|v| v as usize))]
     pub runs: usize,
-    /// Undecided rows get more rounds: while a row cannot be told apart
-    /// from the winner, it runs again beside the winner, in blocks of
-    /// --runs, up to this many trials each [default: 4 x --runs]
+    /// Undecided rows get more rounds: while the race has not decided a row
+    /// against the winner, it runs again beside the winner, one round at a
+    /// time, up to this many trials each [default: 4 x --runs]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000).map(|v| v as usize))]
     pub max_runs: Option<usize>,
     /// The seed of the rounds' shuffled orders [default: from the clock;
@@ -532,13 +532,19 @@ pub(crate) struct TuneCmd {
     /// Print the configurations and the trials they take; run nothing
     #[arg(long)]
     pub dry_run: bool,
-    /// all: every configuration every round; halving: after the first round,
-    /// drop configurations below half of the round's best (never unset, never
-    /// on a disturbed trial), after the second, those more than 20% below the
-    /// leader in every round both ran; auto: halving when there are more than
-    /// 8 configurations
+    /// How rows leave the race. Every strategy stops a row once the model
+    /// calls it slower than the leader or the same within --margin; auto and
+    /// halving from the second round on, all only from the last base round
+    /// (every row is measured in every base round). halving also drops, after
+    /// the first round, a row below half of the round's best (never unset,
+    /// never on a disturbed trial); auto: that when there are more than 8
+    /// configurations
     #[arg(long, value_enum, default_value_t = Strategy::Auto)]
     pub strategy: Strategy,
+    /// Two configurations whose interval against each other lies within
+    /// ±PCT% are the same: the row stops, and the table says so (0: never)
+    #[arg(long, value_name = "PCT", default_value = crate::tune::DEFAULT_MARGIN_PCT, value_parser = parse_margin)]
+    pub margin: f64,
     /// A grid instead of the default rows: threads=1,2,4 policy=none,exclusive workers=2,4 allocator=none,jemalloc
     #[arg(long, value_name = "KEY=V1,V2 ...", num_args = 1..)]
     pub grid: Vec<String>,

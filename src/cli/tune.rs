@@ -329,6 +329,7 @@ fn tune_options(
         max_runs: max_runs(a),
         warmup: a.warmup,
         strategy: a.strategy,
+        margin: a.margin,
         metric,
         cpu_budget,
         seed: a.seed.unwrap_or_else(clock_seed),

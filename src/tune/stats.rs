@@ -188,19 +188,6 @@ pub(crate) fn t_quantile(p: f64, df: usize) -> f64 {
     (lo + hi) / 2.0
 }
 
-/// The two-sided confidence level of each look when a race is looked at
-/// `looks` times (after the base rounds and each block of extra rounds), so
-/// that the whole sequence calls two equal configurations different at most
-/// 5% of the time: Bonferroni's 1 - 0.05 / looks.
-pub(crate) fn per_look_level(looks: usize) -> f64 {
-    1.0 - 0.05 / looks.max(1) as f64
-}
-
-/// The looks `per_look_level` was given, from the level it returned.
-pub(crate) fn looks_at(level: f64) -> usize {
-    (0.05 / (1.0 - level)).round().max(1.0) as usize
-}
-
 /// How `a` compares with `b`: the ratios round by round, and the interval.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Paired {
@@ -403,11 +390,6 @@ mod tests {
         assert!((t_quantile(0.995, 4) - 4.604).abs() < 0.001);
         assert!((t_quantile(0.995, 15) - 2.947).abs() < 0.001);
         assert!((t_quantile(0.975, 3) - 3.182).abs() < 0.001);
-        assert_eq!(per_look_level(1), 0.95);
-        assert!((per_look_level(4) - 0.9875).abs() < 1e-12);
-        for looks in 1..=20 {
-            assert_eq!(looks_at(per_look_level(looks)), looks);
-        }
     }
 
     #[test]
