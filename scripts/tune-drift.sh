@@ -93,7 +93,9 @@ def verdict(c):
     else:
         v = "tied"
     est = p.get("estimate", p["median"])
-    return f"{v} {est:.2f} [{p['low']:.2f}-{p['high']:.2f}]"
+    st = c.get("stopped")
+    why = f" ({st['why']} after {st['after_round']})" if st else ""
+    return f"{v} {est:.2f} [{p['low']:.2f}-{p['high']:.2f}]{why}"
 t2 = [verdict(c) for n, c in by.items() if "threads=2" in n]
 aa = [verdict(c) for n, c in by.items() if "threads=1" in n and n != w]
 trials = sum(len(c["trials"]) for c in r["configs"])
@@ -106,7 +108,10 @@ done | tee "$work/lines"
 python3 - "$work/lines" <<'PY'
 import sys
 lines = open(sys.argv[1]).read().splitlines()
-slower = sum(l.split("threads=2: ")[1].split("; A/A")[0].count("slower") for l in lines)
+slower = sum(
+    sum(1 for v in l.split("threads=2: ")[1].split("; A/A")[0].split(", ") if v.startswith("slower"))
+    for l in lines
+)
 tied = sum(1 for l in lines if l.split("A/A: ")[1].startswith("tied"))
 right = sum(1 for l in lines if "winner threads=1" in l)
 n = len(lines)
