@@ -103,6 +103,12 @@ fn impossible_requests_name_what_is_short() {
         &["--master-port"],
     );
     fails(&["tune", "--work-size", "0"], 2, &["--work-size"]);
+    fails(&["tune", "--margin", "80"], 2, &["--margin", "0-50"]);
+    fails(
+        &["tune", "--margin", "five"],
+        2,
+        &["--margin", "percentage"],
+    );
     // Two ranks: which one's? (One rank needs no --local-rank: issue 53.)
     fails(
         &with(&s, &["-n", "2", "--format", "env"]),
