@@ -533,9 +533,10 @@ pub(crate) struct TuneCmd {
     #[arg(long)]
     pub dry_run: bool,
     /// How rows leave the race. Every strategy stops a row once the model
-    /// calls it slower than the leader or the same within --margin; auto and
-    /// halving from the second round on, all only from the last base round
-    /// (every row is measured in every base round). halving also drops, after
+    /// calls it slower than the leader or the same within --margin (after the
+    /// base rounds also once more trials could neither call it nor make it
+    /// the winner); auto and halving from the second round on, all only from
+    /// the last base round (every row is measured in every base round). halving also drops, after
     /// the first round, a row below half of the round's best (never unset,
     /// never on a disturbed trial); auto: that when there are more than 8
     /// configurations

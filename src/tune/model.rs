@@ -399,7 +399,7 @@ pub(crate) struct TuneReport {
     #[serde(default)]
     pub order_seed: u64,
     /// The two-sided level of every interval: 95% over the whole run
-    /// of looks at the undecided rows (stats::per_look_level).
+    /// of looks at the rows (race::Looks): the last look's.
     #[serde(default = "default_level")]
     pub interval_level: f64,
     /// Set when the winner could not be told apart from others.
@@ -460,11 +460,11 @@ impl TuneReport {
 crate::named_enum! {
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub(crate) enum Strategy ("a strategy,") {
-        /// Halving when there are more than 8 configurations, else all.
+        /// The race; with more than 8 configurations, halving's first-round cut too.
         Auto => "auto",
-        /// Every configuration every round.
+        /// Every configuration in every base round; the race stops rows from the last on.
         All => "all",
-        /// After each round, drop configurations clearly worse than the best one.
+        /// The race, and after the first round drop what is below half of the round's best.
         Halving => "halving",
     }
 }
