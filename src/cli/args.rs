@@ -532,14 +532,12 @@ pub(crate) struct TuneCmd {
     /// Print the configurations and the trials they take; run nothing
     #[arg(long)]
     pub dry_run: bool,
-    /// How rows leave the race. Every strategy stops a row once the model
-    /// calls it slower than the leader or the same within --margin (after the
-    /// base rounds also once more trials could neither call it nor make it
-    /// the winner); auto and halving from the second round on, all only from
-    /// the last base round (every row is measured in every base round). halving also drops, after
-    /// the first round, a row below half of the round's best (never unset,
-    /// never on a disturbed trial); auto: that when there are more than 8
-    /// configurations
+    /// How rows leave the race. Each stops a row the model calls slower than
+    /// the leader or the same within --margin (after the base rounds, also
+    /// one that more trials could neither call nor make the winner): auto and
+    /// halving from round 2, all from the last base round. halving also drops,
+    /// after round 1, a row below half of the round's best (never unset, never
+    /// on a disturbed trial); auto does that with more than 8 configurations
     #[arg(long, value_enum, default_value_t = Strategy::Auto)]
     pub strategy: Strategy,
     /// Two configurations whose interval against each other lies within
