@@ -90,6 +90,8 @@ struct Session<'a> {
     unit: Option<String>,
     /// Measured trials so far: the next one's `seq`.
     seq: usize,
+    /// When the race looks, and at which level.
+    looks: race::Looks,
 }
 
 impl Session<'_> {
@@ -263,7 +265,7 @@ pub(crate) fn tune(
             return s.report;
         }
     }
-    let looks = race::Looks::new(opts.runs, opts.max_runs);
+    let looks = s.looks;
     let halving = match opts.strategy {
         Strategy::Auto => s.configs.len() > 8,
         x => x == Strategy::Halving,
@@ -367,6 +369,7 @@ impl<'a> Session<'a> {
             mode: None,
             unit: None,
             seq: 0,
+            looks,
         }
     }
 
@@ -374,12 +377,12 @@ impl<'a> Session<'a> {
     /// against the leader stops (the leader never; the reference not before
     /// the base rounds end; with `hold`, none). Returns the rows stopped.
     fn look(&mut self, active: &[usize], m: usize, hold: bool) -> Vec<usize> {
-        let looks = race::Looks::new(self.opts.runs, self.opts.max_runs);
+        let looks = self.looks;
+        let reference = self.reference();
         let r = &mut self.report;
         let Some(w) = r.index_of(r.winner.as_ref()) else {
             return vec![];
         };
-        let reference = r.index_of(r.baseline.as_ref());
         let leader = r.configs[w].name.clone();
         let mut out = vec![];
         for &i in active {
