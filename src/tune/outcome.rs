@@ -429,6 +429,8 @@ fn choose_winner(
         .filter(|&i| {
             i == leader
                 || (report.configs[i].dropped_after_round.is_none()
+                    // While the race runs its leader is a row still measured.
+                    && (report.complete || report.configs[i].stopped.is_none())
                     && cmp(i, leader).is_some_and(|p| {
                         p.ratios.len() >= 2 && p.verdict() == Verdict::NotDistinguishable
                     }))

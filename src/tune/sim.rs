@@ -415,8 +415,8 @@ mod tests {
 
     /// The issue-44 and issue-62 targets on fewer tunes (the ignored test
     /// above runs the 1,000 the docs quote): a 20% difference against the
-    /// winner called in 95% of steady tunes (92% within the base rounds, 94.5%
-    /// on 1,000) and 90% with a step, 10% in 60%, the A/A pair beside the
+    /// winner called in 95% of steady tunes (95% within the base rounds: 95.3%
+    /// here, 95.9% on 1,000) and 90% with a step, 10% in 60%, the A/A pair beside the
     /// winner called different in at most 5%, the winner right, at most 28
     /// trials a tune.
     #[test]
@@ -430,7 +430,7 @@ mod tests {
         assert!(ten.called() >= 0.60, "{ten:?}");
         let aa = (steady.aa_different + step.aa_different + ten.aa_different) as f64 / 450.0;
         assert!(aa <= 0.05, "A/A called different in {aa}");
-        assert!(steady.in_base() >= 0.92, "{steady:?}");
+        assert!(steady.in_base() >= 0.95, "{steady:?}");
         for f in [steady, step] {
             assert!(f.right() >= 0.99, "{f:?}");
             assert!(f.trials_per_tune() <= 28.0, "{f:?}");
