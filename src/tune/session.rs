@@ -384,13 +384,6 @@ impl<'a> Session<'a> {
             return vec![];
         };
         let leader = r.configs[w].name.clone();
-        // The rows in contention with the leader: not dropped (those still
-        // racing it and those a look stopped beside it).
-        let open = (0..r.configs.len())
-            .filter(|&i| {
-                i != w && Some(i) != reference && r.configs[i].dropped_after_round.is_none()
-            })
-            .count();
         let mut out = vec![];
         for &i in active {
             if hold || i == w || (m < self.opts.runs && Some(i) == reference) {
@@ -435,7 +428,6 @@ impl<'a> Session<'a> {
                             (r.interval_level, looks.level(looks.max).unwrap_or(0.95)),
                             (c.trials.len(), looks.max),
                             df,
-                            open,
                         ) =>
                 {
                     StopWhy::CannotOvertake
