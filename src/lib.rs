@@ -12,6 +12,9 @@
 //! binaries and the benches. The Python wheel ships the binaries and talks to
 //! them, never to this library.
 #![warn(unreachable_pub)]
+// Every unsafe operation sits in an `unsafe {}` block with its SAFETY
+// comment, inside `unsafe fn`s too; forks live in `proc::vm`.
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 // Shared pieces every layer uses.
 mod cpuset;

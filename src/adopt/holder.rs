@@ -65,13 +65,14 @@ pub(crate) fn start(
     if crate::measure::process::tasks(pid).len() == 1
         && let Some(birth) = started(pid)
     {
-        // SAFETY: this process has one thread, so the child may run any
-        // code; the middle child only forks and exits.
-        match unsafe { libc::fork() } {
-            -1 => {}
-            0 => {
-                // SAFETY: as above.
-                if unsafe { libc::fork() } == 0 {
+        // SAFETY: this process has one thread (just counted); the middle
+        // child only forks and leaves by _exit.
+        match unsafe { crate::proc::vm::fork_single_threaded() } {
+            Err(_) => {}
+            Ok(0) => {
+                // SAFETY: the middle child has one thread too; the holder
+                // leaves by _exit (hold_loop) or falls through to it below.
+                if unsafe { crate::proc::vm::fork_single_threaded() }.ok() == Some(0) {
                     away(pid);
                     let (spec, workers) = (spec.clone(), workers.cloned());
                     hold_loop(pid, &birth, local_rank, spec, workers, mode);
@@ -80,7 +81,7 @@ pub(crate) fn start(
                 // twice: the copies leave at once.
                 unsafe { libc::_exit(0) }
             }
-            child => {
+            Ok(child) => {
                 let mut status = 0;
                 // SAFETY: our own child, waited for once.
                 unsafe { libc::waitpid(child, &mut status, 0) };
@@ -129,11 +130,11 @@ pub(crate) fn hold_main(
         return 0; // already gone
     };
     // SAFETY: this process has one thread (nothing started any yet); the
-    // parent only exits.
-    match unsafe { libc::fork() } {
-        -1 => return 1,
-        0 => {}
-        _ => return 0,
+    // parent only returns to exit.
+    match unsafe { crate::proc::vm::fork_single_threaded() } {
+        Err(_) => return 1,
+        Ok(0) => {}
+        Ok(_) => return 0,
     }
     away(pid);
     hold_loop(pid, &birth, local_rank, spec, workers, mode)

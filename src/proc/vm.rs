@@ -117,6 +117,24 @@ pub(crate) unsafe fn fork(cgroup: Option<RawFd>) -> std::io::Result<i32> {
     Ok(pid as i32)
 }
 
+/// fork(2) of a process that has one thread: Ok(0) in the child, which may
+/// run any code (it is a copy of the only thread, so no lock is held by a
+/// thread that does not exist there), the child's pid in the parent.
+///
+/// # Safety
+///
+/// The calling process must have exactly one thread: with more, the child
+/// may find a lock (the allocator's, stdio's) held forever by a thread it
+/// does not have. The child must leave by `libc::_exit` (or exec), never by
+/// returning into code that would run the parent's destructors twice.
+pub(crate) unsafe fn fork_single_threaded() -> std::io::Result<i32> {
+    // SAFETY: the caller's: one thread, so the child is a whole process.
+    match unsafe { libc::fork() } {
+        -1 => Err(std::io::Error::last_os_error()),
+        pid => Ok(pid),
+    }
+}
+
 /// Does `action` succeed in a child of ours (in `cgroup` from birth, if
 /// given)? The child runs it (a raw syscall: its result or -errno) and exits
 /// with the errno; the parent reaps it and says. For probes, before any rank.

@@ -20,6 +20,7 @@
 //! Rank 0 prints `throughput: N samples/s` over the steps after `--warmup`,
 //! with the details, then the same figure as the canonical line that `tune`
 //! reads before anything else: `threadwise: throughput=N samples/s`.
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
