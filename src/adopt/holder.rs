@@ -72,7 +72,7 @@ pub(crate) fn start(
             Ok(0) => {
                 // SAFETY: the middle child has one thread too; the holder
                 // leaves by _exit (hold_loop) or falls through to it below.
-                if unsafe { crate::proc::vm::fork_single_threaded() }.ok() == Some(0) {
+                if matches!(unsafe { crate::proc::vm::fork_single_threaded() }, Ok(0)) {
                     away(pid);
                     let (spec, workers) = (spec.clone(), workers.cloned());
                     hold_loop(pid, &birth, local_rank, spec, workers, mode);
